@@ -1,0 +1,117 @@
+//! A page's whole state in 16 bytes: a state word and an auxiliary word.
+//!
+//! ```text
+//! word bits 0..3    kind: EMPTY, SAME, OBJECT, BLOCK, PENDING, LOWER (SSD tier, reserved)
+//!      bit  3       LOCK (per-page lock, like zram's ZRAM_LOCK)
+//!      bit  4       IDLE (set by mark_idle, cleared by any access; drives recompression)
+//!      bit  5       HUGE (stored raw: incompressible)
+//!      bits 8..16   position of this page in its block / pending buffer
+//!      bits 16..24  pages in that block / pending buffer
+//!      bits 24..28  codec id of the object
+//!      bits 32..64  object length in bytes (for OBJECT; the block's length for BLOCK)
+//! aux               SAME: the repeated word; OBJECT/BLOCK: pool handle;
+//!                   PENDING: pointer to the shared uncompressed buffer; LOWER: log location
+//! ```
+//! The aux word is written only with LOCK held and published by the unlocking store (Release).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const KIND_MASK: u64 = 0b111;
+pub const EMPTY: u64 = 0;
+pub const SAME: u64 = 1;
+pub const OBJECT: u64 = 2;
+pub const BLOCK: u64 = 3;
+pub const PENDING: u64 = 4;
+
+pub const LOCK: u64 = 1 << 3;
+pub const IDLE: u64 = 1 << 4;
+pub const HUGE: u64 = 1 << 5;
+
+pub struct Slot {
+    word: AtomicU64,
+    aux: AtomicU64,
+}
+
+/// A decoded state word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State(pub u64);
+
+impl State {
+    pub fn kind(self) -> u64 {
+        self.0 & KIND_MASK
+    }
+    pub fn pos(self) -> usize {
+        ((self.0 >> 8) & 0xff) as usize
+    }
+    pub fn pages(self) -> usize {
+        ((self.0 >> 16) & 0xff) as usize
+    }
+    pub fn codec(self) -> u8 {
+        ((self.0 >> 24) & 0xf) as u8
+    }
+    pub fn len(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+    pub fn has(self, flag: u64) -> bool {
+        self.0 & flag != 0
+    }
+    pub fn new(kind: u64) -> State {
+        State(kind)
+    }
+    pub fn with_block(self, pos: usize, pages: usize) -> State {
+        State(self.0 & !0xff_ff00 | ((pos as u64 & 0xff) << 8) | ((pages as u64 & 0xff) << 16))
+    }
+    pub fn with_object(self, codec: u8, len: usize) -> State {
+        State(self.0 & 0xff_ffff | (u64::from(codec & 0xf) << 24) | ((len as u64) << 32))
+    }
+    pub fn with_flag(self, flag: u64, on: bool) -> State {
+        State(if on { self.0 | flag } else { self.0 & !flag })
+    }
+}
+
+impl Slot {
+    pub const fn empty() -> Slot {
+        Slot {
+            word: AtomicU64::new(EMPTY),
+            aux: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes the page's lock, spinning briefly then yielding; returns the state it held.
+    pub fn lock(&self) -> (State, u64) {
+        let mut spins = 0u32;
+        loop {
+            let w = self.word.load(Ordering::Relaxed);
+            if w & LOCK == 0
+                && self
+                    .word
+                    .compare_exchange_weak(w, w | LOCK, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return (State(w), self.aux.load(Ordering::Relaxed));
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Stores a new state and releases the lock. Caller holds the lock.
+    pub fn unlock_with(&self, state: State, aux: u64) {
+        self.aux.store(aux, Ordering::Relaxed);
+        self.word.store(state.0 & !LOCK, Ordering::Release);
+    }
+
+    /// Releases the lock keeping the state (minus `clear` flags). Caller holds the lock.
+    pub fn unlock_keep(&self, state: State, clear: u64) {
+        self.word.store(state.0 & !(LOCK | clear), Ordering::Release);
+    }
+
+    /// A racy look at the state, for scans that lock before acting.
+    pub fn peek(&self) -> State {
+        State(self.word.load(Ordering::Relaxed))
+    }
+}

@@ -1,0 +1,504 @@
+use super::*;
+use proptest::prelude::*;
+use std::collections::HashMap;
+use zmem_codec::Codec;
+
+const PS: usize = PAGE_SIZE;
+
+/// Page content kinds the tests mix: text-like, same-filled, zero, incompressible.
+fn content(kind: u8, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    match kind % 4 {
+        0 => {
+            let words = ["page ", "store ", "zram ", "memory ", "compress\n", "block "];
+            let mut v = format!("seed {seed} ").into_bytes();
+            while v.len() < PS {
+                v.extend_from_slice(words[(next() % 6) as usize].as_bytes());
+            }
+            v.truncate(PS);
+            v
+        }
+        1 => {
+            let mut v = vec![0u8; PS];
+            zmem_codec::fill_same(&mut v, seed | 1);
+            v
+        }
+        2 => vec![0u8; PS],
+        _ => (0..PS).map(|_| next() as u8).collect(),
+    }
+}
+
+fn store(pages: u64, policy: Policy, block_pages: usize) -> PageStore {
+    let mut cfg = StoreConfig::new(pages, policy);
+    cfg.block_pages = block_pages;
+    cfg.engine.cpu_workers = 2;
+    PageStore::new(cfg).unwrap()
+}
+
+fn read_page(s: &PageStore, i: u64) -> Vec<u8> {
+    let mut b = vec![0xAAu8; PS];
+    s.read(i, &mut b).unwrap();
+    b
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write(u64, u8, u64),
+    Batch(u64, u64, u8, u64, bool),
+    Discard(u64),
+    DiscardRange(u64, u64),
+    Read(u64),
+    ReadBatch(u64, u64),
+    Flush,
+    Compact,
+    Recompress,
+}
+
+fn op(pages: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..pages, any::<u8>(), any::<u64>()).prop_map(|(i, k, s)| Op::Write(i, k, s)),
+        3 => (0..pages, 1..=20u64, any::<u8>(), any::<u64>(), any::<bool>())
+            .prop_map(|(i, n, k, s, w)| Op::Batch(i, n, k, s, w)),
+        1 => (0..pages).prop_map(Op::Discard),
+        1 => (0..pages, 1..=20u64).prop_map(|(i, n)| Op::DiscardRange(i, n)),
+        3 => (0..pages).prop_map(Op::Read),
+        2 => (0..pages, 1..=24u64).prop_map(|(i, n)| Op::ReadBatch(i, n)),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Compact),
+        1 => Just(Op::Recompress),
+    ]
+}
+
+fn check_against_model(policy: Policy, block_pages: usize, ops: Vec<Op>) {
+    let pages = 64u64;
+    let s = store(pages, policy, block_pages);
+    let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+    let expect = |m: &HashMap<u64, Vec<u8>>, i: u64| m.get(&i).cloned().unwrap_or(vec![0; PS]);
+    for op in ops {
+        match op {
+            Op::Write(i, k, seed) => {
+                let c = content(k, seed);
+                s.write(i, &c).unwrap();
+                model.insert(i, c);
+            }
+            Op::Batch(i, n, k, seed, wait) => {
+                let n = n.min(pages - i);
+                let mut data = Vec::new();
+                for p in 0..n {
+                    let c = content(k.wrapping_add(p as u8 % 3), seed ^ p);
+                    model.insert(i + p, c.clone());
+                    data.extend(c);
+                }
+                if wait {
+                    s.write_batch(i, &data).unwrap();
+                } else {
+                    s.write_async(i, &data).unwrap();
+                }
+            }
+            Op::Discard(i) => {
+                s.discard(i).unwrap();
+                model.remove(&i);
+            }
+            Op::DiscardRange(i, n) => {
+                let n = n.min(pages - i);
+                s.discard_range(i, n).unwrap();
+                for p in i..i + n {
+                    model.remove(&p);
+                }
+            }
+            Op::Read(i) => assert_eq!(read_page(&s, i), expect(&model, i), "page {i}"),
+            Op::ReadBatch(i, n) => {
+                let n = n.min(pages - i);
+                let mut buf = vec![0x55u8; n as usize * PS];
+                s.read_batch(i, &mut buf).unwrap();
+                for p in 0..n {
+                    assert_eq!(
+                        &buf[p as usize * PS..][..PS],
+                        &expect(&model, i + p)[..],
+                        "page {} of batch at {i}",
+                        i + p
+                    );
+                }
+            }
+            Op::Flush => s.flush().unwrap(),
+            Op::Compact => {
+                s.compact();
+            }
+            Op::Recompress => {
+                s.flush().unwrap();
+                s.recompress(Codec::Zstd { level: 1 }, false);
+            }
+        }
+    }
+    s.flush().unwrap();
+    for i in 0..pages {
+        assert_eq!(read_page(&s, i), expect(&model, i), "final page {i}");
+    }
+    let st = s.stats();
+    assert_eq!(st.orig_data_size, model.len() as u64 * PS as u64);
+    assert_eq!(st.pending_pages, 0);
+    let same = model
+        .values()
+        .filter(|c| zmem_codec::same_filled(c).is_some())
+        .count() as u64;
+    // Same-filled pages written inside a compressed block are block members, not same pages.
+    assert!(st.same_pages <= same);
+    if block_pages == 1 {
+        assert_eq!(st.same_pages, same);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn store_matches_model_single_pages(ops in proptest::collection::vec(op(64), 1..120), p in 0usize..4) {
+        check_against_model(Policy::ALL[p], 1, ops);
+    }
+
+    #[test]
+    fn store_matches_model_with_blocks(ops in proptest::collection::vec(op(64), 1..120), p in 0usize..4, b in prop_oneof![Just(4usize), Just(16usize)]) {
+        check_against_model(Policy::ALL[p], b, ops);
+    }
+}
+
+#[test]
+fn never_written_pages_read_as_zeros() {
+    let s = store(8, Policy::Fast, 1);
+    for i in 0..8 {
+        assert_eq!(read_page(&s, i), vec![0u8; PS]);
+    }
+    assert_eq!(s.stats().orig_data_size, 0);
+}
+
+#[test]
+fn block_neighbours_survive_overwrite_and_discard() {
+    let s = store(32, Policy::Balanced, 16);
+    let pages: Vec<Vec<u8>> = (0..16).map(|i| content(0, i)).collect();
+    s.write_batch(0, &pages.concat()).unwrap();
+    let st = s.stats();
+    assert_eq!(st.block_pages, 16);
+    assert_eq!(st.pool.objects, 1, "one block object for 16 pages");
+    s.write(3, &content(0, 99)).unwrap();
+    s.discard(7).unwrap();
+    for i in 0..16u64 {
+        let want = match i {
+            3 => content(0, 99),
+            7 => vec![0; PS],
+            _ => pages[i as usize].clone(),
+        };
+        assert_eq!(read_page(&s, i), want, "page {i}");
+    }
+    // Releasing every remaining member frees the block.
+    s.discard_range(0, 16).unwrap();
+    let st = s.stats();
+    assert_eq!(st.pool.objects, 0);
+    assert_eq!(st.block_pages, 0);
+    assert_eq!(st.compr_data_size, 0);
+}
+
+#[test]
+fn blocks_compress_better_than_pages() {
+    let text: Vec<u8> = (0..64).flat_map(|i| content(0, i)).collect();
+    let single = store(64, Policy::Balanced, 1);
+    let blocks = store(64, Policy::Balanced, 16);
+    single.write_batch(0, &text).unwrap();
+    blocks.write_batch(0, &text).unwrap();
+    assert!(blocks.stats().compr_data_size < single.stats().compr_data_size);
+    let mut a = vec![0u8; text.len()];
+    blocks.read_batch(0, &mut a).unwrap();
+    assert_eq!(a, text);
+}
+
+#[test]
+fn stats_have_zram_meanings() {
+    let s = store(16, Policy::Fast, 1);
+    s.write(0, &content(0, 1)).unwrap();
+    s.write(1, &content(1, 2)).unwrap();
+    s.write(2, &content(2, 3)).unwrap();
+    s.write(3, &content(3, 4)).unwrap();
+    let st = s.stats();
+    assert_eq!(st.orig_data_size, 4 * PS as u64);
+    assert_eq!(st.same_pages, 2);
+    assert_eq!(st.huge_pages, 1, "random data is stored raw");
+    assert_eq!(st.pool.objects, 2);
+    assert!(st.compr_data_size > PS as u64 && st.compr_data_size < 2 * PS as u64 + 64);
+    assert!(st.mem_used_total >= st.compr_data_size);
+    assert!(st.engine.rejected >= 1);
+    s.discard(3).unwrap();
+    assert_eq!(s.stats().huge_pages, 0);
+    s.write(1, &content(0, 5)).unwrap();
+    assert_eq!(s.stats().same_pages, 1);
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let s = store(4, Policy::Fast, 1);
+    s.write(1, &content(0, 1)).unwrap();
+    let before = s.stats().orig_data_size;
+    assert!(matches!(s.write(1, &[0u8; 100]), Err(StoreError::BadLength { len: 100, .. })));
+    assert!(matches!(s.write(4, &content(0, 1)), Err(StoreError::OutOfRange { index: 4, .. })));
+    assert!(matches!(s.write(u64::MAX, &content(0, 1)), Err(StoreError::OutOfRange { .. })));
+    assert!(matches!(s.write_batch(3, &[0u8; 2 * PS]), Err(StoreError::OutOfRange { .. })));
+    assert!(matches!(s.write_async(0, &[0u8; PS + 1]), Err(StoreError::BadLength { .. })));
+    assert!(matches!(s.write_batch(0, &[]), Err(StoreError::BadLength { .. })));
+    let mut b = vec![0u8; PS];
+    assert!(matches!(s.read(9, &mut b), Err(StoreError::OutOfRange { .. })));
+    assert!(matches!(s.read(0, &mut b[..10]), Err(StoreError::BadLength { .. })));
+    assert!(matches!(s.discard_range(2, 3), Err(StoreError::OutOfRange { .. })));
+    assert!(matches!(s.discard_range(0, 0), Err(StoreError::OutOfRange { .. })));
+    assert_eq!(s.stats().orig_data_size, before);
+    assert_eq!(read_page(&s, 1), content(0, 1));
+    for bad in [0usize, 17] {
+        let mut cfg = StoreConfig::new(4, Policy::Fast);
+        cfg.block_pages = bad;
+        assert!(matches!(PageStore::new(cfg), Err(StoreError::Config(_))));
+    }
+    assert!(matches!(
+        PageStore::new(StoreConfig::new(0, Policy::Fast)),
+        Err(StoreError::Config(_))
+    ));
+}
+
+#[test]
+fn memory_limit_refuses_writes_and_keeps_old_data() {
+    let mut cfg = StoreConfig::new(4096, Policy::Fast);
+    cfg.mem_limit = Some(256 * 1024);
+    let s = PageStore::new(cfg).unwrap();
+    let mut written = 0u64;
+    let err = loop {
+        match s.write(written, &content(0, written)) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 4096, "the limit never hit");
+    };
+    assert!(matches!(err, StoreError::MemoryLimit { limit: 262144, .. }), "{err}");
+    let st = s.stats();
+    assert!(st.mem_used_total <= 256 * 1024);
+    assert_eq!(st.orig_data_size, written * PS as u64);
+    // The refused page keeps what it had (nothing) and the others are intact.
+    assert_eq!(read_page(&s, written), vec![0u8; PS]);
+    for i in 0..written {
+        assert_eq!(read_page(&s, i), content(0, i));
+    }
+    // Batches are refused up front near the limit.
+    assert!(matches!(
+        s.write_batch(written, &content(0, 1).repeat(4)),
+        Err(StoreError::MemoryLimit { .. })
+    ));
+    // Same-filled pages cost no pool memory and still go in.
+    s.write(written, &content(2, 0)).unwrap();
+    // Raising the limit lets writes continue.
+    s.set_mem_limit(None);
+    s.write(written + 1, &content(0, 7)).unwrap();
+    assert_eq!(read_page(&s, written + 1), content(0, 7));
+}
+
+#[test]
+fn corrupt_objects_give_errors_not_crashes() {
+    let s = store(4, Policy::Fast, 1);
+    s.write(0, &content(0, 1)).unwrap();
+    let garbage: [&[u8]; 4] = [
+        &[1, 0, 16, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        &[2, 0, 16, 0, 9, 9, 9],
+        &[3, 0, 16, 0, 0xff, 0xfe],
+        &[9, 0, 16, 0],
+    ];
+    for g in garbage {
+        let h = s.inner.pool.alloc(g).unwrap();
+        let slot = &s.inner.slots[2];
+        let (st, aux) = slot.lock();
+        s.inner.release(st, aux);
+        let new = State::new(OBJECT).with_object(1, g.len());
+        s.inner.count_new(new, 1);
+        slot.unlock_with(new, h.to_raw());
+        let mut b = vec![0u8; PS];
+        assert!(matches!(s.read(2, &mut b), Err(StoreError::Corrupt { index: 2, .. })));
+        let mut bb = vec![0u8; 3 * PS];
+        assert!(matches!(s.read_batch(0, &mut bb), Err(StoreError::Corrupt { index: 2, .. })));
+    }
+    // The store is still usable and the slot can be overwritten.
+    s.write(2, &content(0, 3)).unwrap();
+    assert_eq!(read_page(&s, 2), content(0, 3));
+    assert_eq!(read_page(&s, 0), content(0, 1));
+}
+
+#[test]
+fn many_threads_write_and_verify_checksummed_pages() {
+    // Every page carries its index, a version and a checksum; any read must be one whole write.
+    fn stamped(index: u64, version: u64) -> Vec<u8> {
+        let mut p = content(0, index * 1000 + version);
+        p[..8].copy_from_slice(&index.to_le_bytes());
+        p[8..16].copy_from_slice(&version.to_le_bytes());
+        p[16..24].fill(0);
+        let sum: u64 = p[24..].iter().map(|&b| u64::from(b)).sum();
+        p[16..24].copy_from_slice(&sum.to_le_bytes());
+        p
+    }
+    fn check(index: u64, p: &[u8]) {
+        if p.iter().all(|&b| b == 0) {
+            return;
+        }
+        assert_eq!(u64::from_le_bytes(p[..8].try_into().unwrap()), index);
+        let stored = u64::from_le_bytes(p[16..24].try_into().unwrap());
+        let sum: u64 = p[24..].iter().map(|&b| u64::from(b)).sum();
+        assert_eq!(sum, stored, "torn page {index}");
+    }
+    let pages = 256u64;
+    let s = Arc::new(store(pages, Policy::Fast, 4));
+    let threads: Vec<_> = (0..6u64)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut x = t + 1;
+                let mut buf = vec![0u8; 4 * PS];
+                for v in 0..1500u64 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let i = x % (pages - 4);
+                    match v % 6 {
+                        0 => s.write(i, &stamped(i, v)).unwrap(),
+                        1 => {
+                            let start = i & !3;
+                            let data: Vec<u8> =
+                                (0..4).flat_map(|k| stamped(start + k, v)).collect();
+                            s.write_async(start, &data).unwrap();
+                        }
+                        2 => s.discard(i).unwrap(),
+                        3 => {
+                            s.read_batch(i, &mut buf).unwrap();
+                            for k in 0..4 {
+                                check(i + k as u64, &buf[k * PS..][..PS]);
+                            }
+                        }
+                        _ => {
+                            s.read(i, &mut buf[..PS]).unwrap();
+                            check(i, &buf[..PS]);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let compactor = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            for _ in 0..50 {
+                s.compact();
+                std::thread::yield_now();
+            }
+        })
+    };
+    for t in threads {
+        t.join().unwrap();
+    }
+    compactor.join().unwrap();
+    s.flush().unwrap();
+    let mut b = vec![0u8; PS];
+    for i in 0..pages {
+        s.read(i, &mut b).unwrap();
+        check(i, &b);
+    }
+}
+
+#[test]
+fn compaction_after_random_overwrites_keeps_overhead_low() {
+    let pages = 8192u64;
+    let s = store(pages, Policy::Fast, 1);
+    let data: Vec<u8> = (0..pages).flat_map(|i| content(0, i)).collect();
+    s.write_batch(0, &data).unwrap();
+    let mut x = 7u64;
+    for _ in 0..pages * 2 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let i = x % pages;
+        if x & 1 == 0 {
+            s.discard(i).unwrap();
+        } else {
+            s.write(i, &content(0, x)).unwrap();
+        }
+    }
+    let before = s.stats();
+    let c = s.compact();
+    let after = s.stats();
+    assert!(c.pages_freed > 0);
+    assert!(after.mem_used_total < before.mem_used_total);
+    let overhead = after.mem_used_total as f64 / after.compr_data_size as f64;
+    assert!(overhead <= 1.05, "mem_used_total/compr_data_size = {overhead:.3}");
+    assert_eq!(after.pages_compacted, c.pages_freed);
+}
+
+#[test]
+fn recompression_improves_ratio_and_respects_idle_marks() {
+    let pages = 64u64;
+    let s = store(pages, Policy::Auto, 1);
+    let data: Vec<u8> = (0..pages).flat_map(|i| content(0, i)).collect();
+    s.write_batch(0, &data).unwrap();
+    let before = s.stats().compr_data_size;
+    s.mark_idle();
+    // Touch page 5: its run of 16 is no longer all idle, so only the other runs become blocks.
+    read_page(&s, 5);
+    let r = s.recompress(Codec::Zstd { level: 1 }, true);
+    assert_eq!(r.blocks_built, 3);
+    assert_eq!(r.pages_recompressed, 48 + 15);
+    let after = s.stats();
+    assert!(after.compr_data_size < before);
+    assert_eq!(after.recompressed_pages, 63);
+    let mut back = vec![0u8; data.len()];
+    s.read_batch(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    // A second pass has nothing left to do.
+    assert_eq!(s.recompress(Codec::Zstd { level: 1 }, false).pages_recompressed, 1);
+}
+
+#[test]
+fn background_recompression_runs_for_auto() {
+    let mut cfg = StoreConfig::new(64, Policy::Auto);
+    cfg.recompress_interval = Some(Duration::from_millis(30));
+    let s = PageStore::new(cfg).unwrap();
+    let data: Vec<u8> = (0..64).flat_map(|i| content(0, i)).collect();
+    s.write_batch(0, &data).unwrap();
+    let t = Instant::now();
+    while s.stats().recompressed_pages < 64 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.stats().recompressed_pages, 64);
+    let mut back = vec![0u8; data.len()];
+    s.read_batch(0, &mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+#[test]
+fn dropping_with_writes_in_flight_is_clean() {
+    for _ in 0..10 {
+        let s = store(1024, Policy::Balanced, 16);
+        let data: Vec<u8> = (0..1024).flat_map(|i| content(0, i)).collect();
+        s.write_async(0, &data).unwrap();
+        drop(s);
+    }
+}
+
+#[test]
+fn dictionary_policy_round_trips() {
+    let samples: Vec<Vec<u8>> = (0..64).map(|i| content(0, i)).collect();
+    let refs: Vec<&[u8]> = samples.iter().map(|v| &v[..]).collect();
+    let dict = zmem_codec::train_dictionary(&refs, 8192).unwrap();
+    let mut cfg = StoreConfig::new(64, Policy::Balanced);
+    cfg.dictionary = Some(Arc::new(Dictionary::new(3, dict).unwrap()));
+    let s = PageStore::new(cfg).unwrap();
+    for i in 0..64 {
+        s.write(i, &content(0, i + 500)).unwrap();
+    }
+    for i in 0..64 {
+        assert_eq!(read_page(&s, i), content(0, i + 500));
+    }
+}
