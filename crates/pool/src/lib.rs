@@ -1,0 +1,994 @@
+//! zmem-pool: a zsmalloc-like allocator for compressed objects.
+//!
+//! # Design
+//!
+//! * **Size classes.** Objects are rounded up to a multiple of 16 bytes; each rounded size has a
+//!   class. Per class the pool picks how many pages a *span* has (1..=`max_span_pages` for
+//!   objects up to a page; for larger objects enough pages for at least one object and up to a
+//!   few times that) so that the tail of the span left over after its slots is small (the page
+//!   count with the least tail waste, or the smallest one within 1/64 of the span). Adjacent
+//!   classes that end up with the same pages and slots per span are merged into the largest of
+//!   them, like zsmalloc: they cost the same memory per object, and fewer classes mean fewer
+//!   partially used spans.
+//! * **Spans** are runs of contiguous pages cut into equal slots. Each class keeps, out of line,
+//!   a 4-byte word per slot that is either a link in the span's free-slot list or the reverse
+//!   map (slot -> handle-table index) used by compaction; the object bytes carry no header. Spans of a class are kept in
+//!   16 fullness buckets; allocation takes a slot from the fullest non-full span, and a span
+//!   whose last object is freed is released at once.
+//! * **Chunks.** Span pages come from 2 MiB anonymous mappings (`MAP_NORESERVE`, no huge pages)
+//!   carved into page runs by a per-chunk bitmap, so the number of mappings stays small (the
+//!   kernel allows 65530 per process). Chunks are indexed by their longest free run; a new span
+//!   takes the best fit (the chunk with the shortest sufficient run, then the shortest run in
+//!   it), so partly used chunks fill up before empty ones. A released span's pages are returned
+//!   with `madvise(MADV_DONTNEED)` at once; a wholly free chunk is unmapped (one empty chunk is
+//!   kept mapped, holding no memory, so a pool hovering at a chunk boundary does not thrash).
+//! * **Handles** are one indirection: a handle encodes class id, index in that class's handle
+//!   table, and 12 generation bits. The 8-byte table entry holds span id, slot, the difference
+//!   between slot size and exact length, and the same generation, so a stale, double-freed or
+//!   forged handle is detected and answered with [`PoolError::InvalidHandle`]. Everything about
+//!   an object lives under its class's lock (a `parking_lot::RwLock`; readers share it), so
+//!   different classes never contend. Per object the pool keeps 12 bytes of metadata (8-byte
+//!   handle entry + 4-byte reverse-map entry).
+//! * **Compaction** ([`Pool::compact`]) works class by class: while the free slots of the class's
+//!   spans add up to at least one whole span, it takes the least used span and moves its objects
+//!   into the fullest ones, then releases it. Handles stay valid because only the table entry
+//!   changes. The class lock is dropped between spans.
+//! * **Accounting.** [`PoolStats::mem_used_total`] is the pages of live spans times 4096, i.e. the
+//!   memory really held from the OS for objects (zram's `mem_used_total`); chunk address space
+//!   that holds no span is not counted. The memory limit is enforced with an atomic reservation
+//!   when a span is created, so concurrent allocations can never push `mem_used_total` above
+//!   it, and a failed allocation changes nothing.
+//!
+//! The closure given to [`Pool::with_object`] runs under the class's read lock: it must not call
+//! back into the same pool (that may deadlock).
+
+mod chunk;
+mod class;
+
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::RwLock;
+
+use chunk::{ChunkAlloc, RawPtr, Run};
+use class::{ClassInfo, ClassTable, CLASS_STEP, MAX_OBJECT_SIZE_LIMIT, MAX_SPAN_PAGES_LIMIT};
+
+/// Page size the pool works in.
+pub const PAGE_SIZE: usize = 4096;
+
+/// An opaque reference to an object in a [`Pool`]. It stays valid when compaction moves the
+/// object, and becomes invalid (detected) when the object is freed.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Handle(NonZeroU64);
+
+impl Handle {
+    /// The handle as a non-zero integer (for storing in a state word).
+    pub fn to_raw(self) -> u64 {
+        self.0.get()
+    }
+
+    /// Rebuilds a handle from [`Handle::to_raw`]; `None` for 0. Any other value is accepted
+    /// here and checked by the pool when used.
+    pub fn from_raw(v: u64) -> Option<Handle> {
+        NonZeroU64::new(v).map(Handle)
+    }
+}
+
+/// Pool configuration.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Largest object in bytes (1..=1 MiB). Default 64 KiB + 64.
+    pub max_object_size: usize,
+    /// Upper bound on pages per span for classes of objects up to a page (1..=32). Default 16.
+    pub max_span_pages: usize,
+    /// Bytes of span memory the pool may take from the OS; `None` = unlimited.
+    pub mem_limit: Option<u64>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_object_size: 64 * 1024 + 64,
+            max_span_pages: 16,
+            mem_limit: None,
+        }
+    }
+}
+
+/// Errors of the pool.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum PoolError {
+    #[error("object of {size} bytes is larger than the pool's maximum object size {max}")]
+    TooLarge { size: usize, max: usize },
+    #[error("empty objects cannot be stored")]
+    Empty,
+    #[error("memory limit reached: {used} bytes used, limit {limit}, need {needed} more")]
+    LimitExceeded { used: u64, limit: u64, needed: u64 },
+    #[error("invalid or stale handle {0:#x}")]
+    InvalidHandle(u64),
+    #[error("the operating system refused memory: {0}")]
+    OutOfMemory(String),
+    #[error("invalid pool configuration: {0}")]
+    InvalidConfig(String),
+}
+
+/// Result of one [`Pool::compact`] call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompactStats {
+    pub objects_moved: u64,
+    pub pages_freed: u64,
+}
+
+/// A snapshot of the pool's counters.
+#[derive(Clone, Debug, Default)]
+pub struct PoolStats {
+    /// Bytes of pages currently held from the OS for spans (zram `mem_used_total`).
+    pub mem_used_total: u64,
+    /// High-water mark of `mem_used_total`.
+    pub mem_used_max: u64,
+    /// Sum of live objects' exact lengths (zram `compr_data_size`).
+    pub object_bytes: u64,
+    /// Live objects.
+    pub objects: u64,
+    /// Live spans.
+    pub spans: u64,
+    /// Cumulative pages freed by [`Pool::compact`].
+    pub pages_compacted: u64,
+    /// Approximate bytes of pool bookkeeping (handle tables, span tables, reverse maps, ...).
+    pub metadata_bytes: u64,
+}
+
+impl PoolStats {
+    /// `1 - object_bytes / mem_used_total`, 0 when the pool holds no memory.
+    pub fn fragmentation(&self) -> f64 {
+        if self.mem_used_total == 0 {
+            return 0.0;
+        }
+        (1.0 - self.object_bytes as f64 / self.mem_used_total as f64).clamp(0.0, 1.0)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handle and handle-table entry encoding.
+//
+// Handle (u64):  [0..32) table index | [32..48) class id | [48..60) generation (1..=4095) | 0000
+// Live entry:    [0..13) slot | [13..39) span id | [39..51) slot size - length | [51..63) gen | 1
+// Free entry:    [0..32) next free index (NIL = u32::MAX) | [51..63) gen | 0
+
+const GEN_BITS: u32 = 12;
+const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
+const H_CLASS_SHIFT: u32 = 32;
+const H_GEN_SHIFT: u32 = 48;
+const H_RESERVED_SHIFT: u32 = H_GEN_SHIFT + GEN_BITS;
+
+const E_SLOT_BITS: u32 = 13;
+const E_SPAN_SHIFT: u32 = E_SLOT_BITS;
+const E_SPAN_BITS: u32 = 26;
+const E_DELTA_SHIFT: u32 = E_SPAN_SHIFT + E_SPAN_BITS;
+const E_DELTA_BITS: u32 = 12;
+const E_GEN_SHIFT: u32 = E_DELTA_SHIFT + E_DELTA_BITS;
+const E_LIVE: u64 = 1 << 63;
+
+const NIL: u32 = u32::MAX;
+/// Most spans (slab entries) per class.
+const MAX_SPANS: usize = 1 << E_SPAN_BITS;
+/// Most handle-table entries per class (indices must stay below SLOT_FREE).
+const MAX_HANDLES: usize = 1 << 31;
+
+/// Span slot-array value: free flag plus next free slot, or the handle index of the object.
+const SLOT_FREE: u32 = 1 << 31;
+const SLOT_END: u32 = SLOT_FREE - 1;
+
+/// Fullness buckets per class; a span with `inuse` of `objs` slots used is in bucket
+/// `inuse * NB / objs`, full spans are in none.
+const NB: usize = 16;
+const B_FULL: u8 = NB as u8;
+/// A span being drained by compaction: in no bucket, never chosen for allocation.
+const B_ISOLATED: u8 = NB as u8 + 1;
+
+fn next_gen(g: u64) -> u64 {
+    if g >= GEN_MASK {
+        1
+    } else {
+        g + 1
+    }
+}
+
+fn live_entry(gen: u64, delta: u64, span: u32, slot: u32) -> u64 {
+    E_LIVE
+        | (gen << E_GEN_SHIFT)
+        | (delta << E_DELTA_SHIFT)
+        | ((span as u64) << E_SPAN_SHIFT)
+        | slot as u64
+}
+
+fn free_entry(gen: u64, next: u32) -> u64 {
+    (gen << E_GEN_SHIFT) | next as u64
+}
+
+fn entry_gen(e: u64) -> u64 {
+    (e >> E_GEN_SHIFT) & GEN_MASK
+}
+
+/// A resolved live object: span id, slot, and slot size minus length.
+#[derive(Clone, Copy)]
+struct Loc {
+    span: u32,
+    slot: u32,
+    delta: u32,
+}
+
+fn entry_loc(e: u64) -> Loc {
+    Loc {
+        slot: (e & ((1 << E_SLOT_BITS) - 1)) as u32,
+        span: ((e >> E_SPAN_SHIFT) & ((1 << E_SPAN_BITS) - 1)) as u32,
+        delta: ((e >> E_DELTA_SHIFT) & ((1 << E_DELTA_BITS) - 1)) as u32,
+    }
+}
+
+fn with_loc(e: u64, span: u32, slot: u32) -> u64 {
+    let keep = !((1u64 << E_DELTA_SHIFT) - 1);
+    (e & keep) | ((span as u64) << E_SPAN_SHIFT) | slot as u64
+}
+
+/// Address of slot `slot` of a span starting at `base` with slots of `size` bytes.
+fn slot_ptr(base: RawPtr, slot: u32, size: u32) -> *mut u8 {
+    // SAFETY: callers pass slot < objs of the span's class, and objs * size <= span bytes, so
+    // the offset stays inside the span's mapped run.
+    unsafe { base.0.as_ptr().add(slot as usize * size as usize) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-class state.
+
+struct Span {
+    /// The span's pages; `None` for an unused slab entry.
+    run: Option<Run>,
+    inuse: u32,
+    /// First free slot, SLOT_END when full.
+    free_slot: u32,
+    bucket: u8,
+    prev: u32,
+    /// Next span in the bucket list, or next free slab entry when `run` is None.
+    next: u32,
+}
+
+struct ClassState {
+    handles: Vec<u64>,
+    free_handle: u32,
+    spans: Vec<Span>,
+    /// Per slot of every span (span `sid` owns `sid * objs .. (sid + 1) * objs`):
+    /// SLOT_FREE | next free slot, or the handle index of the object in it.
+    slot_map: Vec<u32>,
+    free_span: u32,
+    heads: [u32; NB],
+    /// Bit b set = bucket b non-empty.
+    mask: u32,
+}
+
+#[repr(align(64))]
+struct Class {
+    state: RwLock<ClassState>,
+    objects: AtomicU64,
+    bytes: AtomicU64,
+    spans: AtomicU64,
+    meta: AtomicU64,
+}
+
+impl ClassState {
+    fn new() -> ClassState {
+        ClassState {
+            handles: Vec::new(),
+            free_handle: NIL,
+            spans: Vec::new(),
+            slot_map: Vec::new(),
+            free_span: NIL,
+            heads: [NIL; NB],
+            mask: 0,
+        }
+    }
+
+    fn meta_bytes(&self) -> u64 {
+        (self.handles.capacity() * 8
+            + self.spans.capacity() * std::mem::size_of::<Span>()
+            + self.slot_map.capacity() * 4) as u64
+    }
+
+    /// Resolves a handle's table index and generation to a live object.
+    fn resolve(&self, idx: u32, gen: u64) -> Option<Loc> {
+        let e = *self.handles.get(idx as usize)?;
+        if e & E_LIVE == 0 || entry_gen(e) != gen {
+            return None;
+        }
+        Some(entry_loc(e))
+    }
+
+    fn link(&mut self, sid: u32, bucket: u8) {
+        let b = bucket as usize;
+        let head = self.heads[b];
+        {
+            let s = &mut self.spans[sid as usize];
+            s.bucket = bucket;
+            s.prev = NIL;
+            s.next = head;
+        }
+        if head != NIL {
+            self.spans[head as usize].prev = sid;
+        }
+        self.heads[b] = sid;
+        self.mask |= 1 << b;
+    }
+
+    fn unlink(&mut self, sid: u32) {
+        let (b, prev, next) = {
+            let s = &self.spans[sid as usize];
+            (s.bucket, s.prev, s.next)
+        };
+        if b as usize >= NB {
+            return;
+        }
+        if prev != NIL {
+            self.spans[prev as usize].next = next;
+        } else {
+            self.heads[b as usize] = next;
+            if next == NIL {
+                self.mask &= !(1 << b);
+            }
+        }
+        if next != NIL {
+            self.spans[next as usize].prev = prev;
+        }
+        let s = &mut self.spans[sid as usize];
+        s.bucket = B_FULL;
+        s.prev = NIL;
+        s.next = NIL;
+    }
+
+    fn bucket_of(inuse: u32, objs: u32) -> u8 {
+        if inuse >= objs {
+            B_FULL
+        } else {
+            (inuse as u64 * NB as u64 / objs as u64) as u8
+        }
+    }
+
+    /// Puts a span in the bucket matching its fullness (unless isolated).
+    fn rebucket(&mut self, sid: u32, objs: u32) {
+        let s = &self.spans[sid as usize];
+        if s.bucket == B_ISOLATED {
+            return;
+        }
+        let want = Self::bucket_of(s.inuse, objs);
+        if want != s.bucket {
+            self.unlink(sid);
+            if want != B_FULL {
+                self.link(sid, want);
+            }
+        }
+    }
+
+    /// The fullest non-full span.
+    fn fullest(&self) -> Option<u32> {
+        if self.mask == 0 {
+            return None;
+        }
+        Some(self.heads[31 - self.mask.leading_zeros() as usize])
+    }
+
+    /// The least used span.
+    fn emptiest(&self) -> Option<u32> {
+        if self.mask == 0 {
+            return None;
+        }
+        Some(self.heads[self.mask.trailing_zeros() as usize])
+    }
+
+    /// Takes a free slot of a non-full span.
+    fn take_slot(&mut self, sid: u32, objs: u32) -> u32 {
+        let s = &mut self.spans[sid as usize];
+        let slot = s.free_slot;
+        s.free_slot = self.slot_map[sid as usize * objs as usize + slot as usize] & SLOT_END;
+        s.inuse += 1;
+        self.rebucket(sid, objs);
+        slot
+    }
+
+    /// Frees a slot; returns true when the span became empty.
+    fn put_slot(&mut self, sid: u32, slot: u32, objs: u32) -> bool {
+        let s = &mut self.spans[sid as usize];
+        self.slot_map[sid as usize * objs as usize + slot as usize] = SLOT_FREE | s.free_slot;
+        s.free_slot = slot;
+        s.inuse -= 1;
+        let empty = s.inuse == 0;
+        self.rebucket(sid, objs);
+        empty
+    }
+
+    /// Removes an (empty) span and returns its pages.
+    fn remove_span(&mut self, sid: u32) -> Option<Run> {
+        self.unlink(sid);
+        let free_span = self.free_span;
+        let s = &mut self.spans[sid as usize];
+        let run = s.run.take();
+        s.next = free_span;
+        s.bucket = B_FULL;
+        self.free_span = sid;
+        run
+    }
+
+    /// Makes sure a handle entry can be taken without allocating.
+    fn reserve_handle(&mut self) -> Result<(), PoolError> {
+        if self.free_handle != NIL {
+            return Ok(());
+        }
+        if self.handles.len() >= MAX_HANDLES {
+            return Err(PoolError::OutOfMemory("handle table full".into()));
+        }
+        self.handles
+            .try_reserve(1)
+            .map_err(|e| PoolError::OutOfMemory(e.to_string()))
+    }
+
+    /// Takes a handle entry (after reserve_handle); returns index and generation.
+    fn take_handle(&mut self) -> (u32, u64) {
+        if self.free_handle != NIL {
+            let idx = self.free_handle;
+            let e = self.handles[idx as usize];
+            self.free_handle = e as u32;
+            (idx, entry_gen(e))
+        } else {
+            self.handles.push(0);
+            ((self.handles.len() - 1) as u32, 1)
+        }
+    }
+
+    fn release_handle(&mut self, idx: u32, gen: u64) {
+        self.handles[idx as usize] = free_entry(next_gen(gen), self.free_handle);
+        self.free_handle = idx;
+    }
+
+    /// Moves the object in `slot` of the isolated span `src` into the fullest span.
+    /// Returns false when no other span has room.
+    fn move_object(&mut self, src: u32, slot: u32, info: &ClassInfo) -> bool {
+        let Some(dst) = self.fullest() else {
+            return false;
+        };
+        let objs = info.objs as usize;
+        let hidx = self.slot_map[src as usize * objs + slot as usize];
+        let e = self.handles[hidx as usize];
+        let len = info.size - entry_loc(e).delta;
+        let (Some(sr), Some(dr)) = (
+            self.spans[src as usize].run.as_ref().map(|r| r.ptr),
+            self.spans[dst as usize].run.as_ref().map(|r| r.ptr),
+        ) else {
+            return false;
+        };
+        let dslot = self.take_slot(dst, info.objs);
+        let from = slot_ptr(sr, slot, info.size);
+        let to = slot_ptr(dr, dslot, info.size);
+        // SAFETY: both slots lie inside live spans of this class (distinct spans, so the ranges
+        // do not overlap), len <= slot size, and the class write lock is held, so no reader or
+        // writer touches either slot.
+        unsafe { std::ptr::copy_nonoverlapping(from, to, len as usize) };
+        self.handles[hidx as usize] = with_loc(e, dst, dslot);
+        self.slot_map[dst as usize * objs + dslot as usize] = hidx;
+        self.put_slot(src, slot, info.objs);
+        true
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pool.
+
+/// A compressed-object allocator. `Send + Sync`; all methods take `&self`.
+pub struct Pool {
+    max_object_size: usize,
+    infos: Box<[ClassInfo]>,
+    size_to_class: Box<[u16]>,
+    classes: Box<[Class]>,
+    chunks: ChunkAlloc,
+    /// Pages in live spans (or reserved for spans being created).
+    pages_used: AtomicU64,
+    pages_max: AtomicU64,
+    /// Limit in bytes; u64::MAX = none.
+    limit: AtomicU64,
+    pages_compacted: AtomicU64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("max_object_size", &self.max_object_size)
+            .field("classes", &self.infos.len())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// Creates an empty pool (no memory is mapped until the first allocation).
+    pub fn new(config: PoolConfig) -> Result<Pool, PoolError> {
+        if config.max_object_size == 0 || config.max_object_size > MAX_OBJECT_SIZE_LIMIT {
+            return Err(PoolError::InvalidConfig(format!(
+                "max_object_size {} not in 1..={MAX_OBJECT_SIZE_LIMIT}",
+                config.max_object_size
+            )));
+        }
+        if config.max_span_pages == 0 || config.max_span_pages > MAX_SPAN_PAGES_LIMIT {
+            return Err(PoolError::InvalidConfig(format!(
+                "max_span_pages {} not in 1..={MAX_SPAN_PAGES_LIMIT}",
+                config.max_span_pages
+            )));
+        }
+        let table = ClassTable::build(config.max_object_size, config.max_span_pages);
+        let classes = (0..table.infos.len())
+            .map(|_| Class {
+                state: RwLock::new(ClassState::new()),
+                objects: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+                spans: AtomicU64::new(0),
+                meta: AtomicU64::new(0),
+            })
+            .collect();
+        Ok(Pool {
+            max_object_size: config.max_object_size,
+            infos: table.infos.into_boxed_slice(),
+            size_to_class: table.size_to_class.into_boxed_slice(),
+            classes,
+            chunks: ChunkAlloc::new(),
+            pages_used: AtomicU64::new(0),
+            pages_max: AtomicU64::new(0),
+            limit: AtomicU64::new(config.mem_limit.unwrap_or(u64::MAX)),
+            pages_compacted: AtomicU64::new(0),
+        })
+    }
+
+    /// Largest object the pool stores.
+    pub fn max_object_size(&self) -> usize {
+        self.max_object_size
+    }
+
+    /// Slot size an object of `len` bytes would occupy (`None` if it cannot be stored).
+    pub fn slot_size(&self, len: usize) -> Option<usize> {
+        if len == 0 || len > self.max_object_size {
+            return None;
+        }
+        let cid = *self.size_to_class.get((len - 1) / CLASS_STEP)? as usize;
+        Some(self.infos.get(cid)?.size as usize)
+    }
+
+    /// Number of (merged) size classes.
+    pub fn num_classes(&self) -> usize {
+        self.infos.len()
+    }
+
+    /// Sets the memory limit (bytes of span memory). Lowering it below the current use frees
+    /// nothing; later allocations that need a new span fail until use drops.
+    pub fn set_mem_limit(&self, limit: Option<u64>) {
+        self.limit.store(limit.unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// The memory limit (`Some(u64::MAX)` reads back as `None`).
+    pub fn mem_limit(&self) -> Option<u64> {
+        match self.limit.load(Relaxed) {
+            u64::MAX => None,
+            l => Some(l),
+        }
+    }
+
+    fn decode(&self, h: Handle) -> Result<(usize, u32, u64), PoolError> {
+        let raw = h.to_raw();
+        let gen = (raw >> H_GEN_SHIFT) & GEN_MASK;
+        let cid = ((raw >> H_CLASS_SHIFT) & 0xffff) as usize;
+        if raw >> H_RESERVED_SHIFT != 0 || gen == 0 || cid >= self.classes.len() {
+            return Err(PoolError::InvalidHandle(raw));
+        }
+        Ok((cid, raw as u32, gen))
+    }
+
+    fn encode(cid: usize, idx: u32, gen: u64) -> Handle {
+        let raw = (gen << H_GEN_SHIFT) | ((cid as u64) << H_CLASS_SHIFT) | idx as u64;
+        // gen is never 0, so raw is never 0.
+        Handle(NonZeroU64::new(raw).unwrap_or(NonZeroU64::MIN))
+    }
+
+    /// Reserves `pages` pages against the limit.
+    fn reserve_pages(&self, pages: u64) -> Result<(), PoolError> {
+        let limit = self.limit.load(Relaxed);
+        let need = pages * PAGE_SIZE as u64;
+        let mut cur = self.pages_used.load(Relaxed);
+        loop {
+            let used = cur * PAGE_SIZE as u64;
+            if used.saturating_add(need) > limit {
+                return Err(PoolError::LimitExceeded {
+                    used,
+                    limit,
+                    needed: need,
+                });
+            }
+            match self
+                .pages_used
+                .compare_exchange_weak(cur, cur + pages, Relaxed, Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        self.pages_max.fetch_max(cur + pages, Relaxed);
+        Ok(())
+    }
+
+    /// Returns a released span's pages to the OS, then un-counts them (so `mem_used_total`
+    /// never undercounts what is resident, and the limit holds for resident memory).
+    fn release_run(&self, run: Run) {
+        let pages = run.pages as u64;
+        self.chunks.free(run);
+        self.pages_used.fetch_sub(pages, Relaxed);
+    }
+
+    /// Creates a span for class `cid` (in bucket 0, empty). On error nothing changed.
+    fn new_span(&self, st: &mut ClassState, cid: usize) -> Result<u32, PoolError> {
+        let info = &self.infos[cid];
+        if st.free_span == NIL {
+            if st.spans.len() >= MAX_SPANS {
+                return Err(PoolError::OutOfMemory("too many spans in one class".into()));
+            }
+            st.spans
+                .try_reserve(1)
+                .map_err(|e| PoolError::OutOfMemory(e.to_string()))?;
+        }
+        let objs = info.objs as usize;
+        if st.free_span == NIL {
+            st.slot_map
+                .try_reserve(objs)
+                .map_err(|e| PoolError::OutOfMemory(e.to_string()))?;
+        }
+        self.reserve_pages(info.pages as u64)?;
+        let run = match self.chunks.alloc(info.pages as usize) {
+            Ok(r) => r,
+            Err(e) => {
+                self.pages_used.fetch_sub(info.pages as u64, Relaxed);
+                return Err(e);
+            }
+        };
+        let sid = if st.free_span == NIL {
+            st.spans.push(Span {
+                run: None,
+                inuse: 0,
+                free_slot: SLOT_END,
+                bucket: B_FULL,
+                prev: NIL,
+                next: NIL,
+            });
+            let len = st.slot_map.len();
+            st.slot_map.resize(len + objs, 0);
+            (st.spans.len() - 1) as u32
+        } else {
+            let sid = st.free_span;
+            st.free_span = st.spans[sid as usize].next;
+            sid
+        };
+        {
+            let s = &mut st.spans[sid as usize];
+            s.run = Some(run);
+            s.inuse = 0;
+            s.free_slot = 0;
+            let base = sid as usize * objs;
+            for (i, v) in st.slot_map[base..base + objs].iter_mut().enumerate() {
+                let next = i + 1;
+                *v = SLOT_FREE | if next < objs { next as u32 } else { SLOT_END };
+            }
+        }
+        st.link(sid, 0);
+        let class = &self.classes[cid];
+        class.spans.fetch_add(1, Relaxed);
+        class.meta.store(st.meta_bytes(), Relaxed);
+        Ok(sid)
+    }
+
+    /// Allocates an object of `data.len()` bytes and copies `data` in. On error nothing was
+    /// allocated.
+    pub fn alloc(&self, data: &[u8]) -> Result<Handle, PoolError> {
+        let len = data.len();
+        if len == 0 {
+            return Err(PoolError::Empty);
+        }
+        if len > self.max_object_size {
+            return Err(PoolError::TooLarge {
+                size: len,
+                max: self.max_object_size,
+            });
+        }
+        let cid = self.size_to_class[(len - 1) / CLASS_STEP] as usize;
+        let info = &self.infos[cid];
+        let class = &self.classes[cid];
+        let mut st = class.state.write();
+        let grew = st.free_handle == NIL && st.handles.len() == st.handles.capacity();
+        st.reserve_handle()?;
+        let sid = match st.fullest() {
+            Some(sid) => sid,
+            None => self.new_span(&mut st, cid)?,
+        };
+        let slot = st.take_slot(sid, info.objs);
+        let (idx, gen) = st.take_handle();
+        let delta = (info.size as usize - len) as u64;
+        st.handles[idx as usize] = live_entry(gen, delta, sid, slot);
+        st.slot_map[sid as usize * info.objs as usize + slot as usize] = idx;
+        if let Some(run) = st.spans[sid as usize].run.as_ref() {
+            let dst = slot_ptr(run.ptr, slot, info.size);
+            // SAFETY: dst is a free slot of `size >= len` bytes inside a live span of this class;
+            // the class write lock is held so nobody else accesses it, and `data` cannot overlap
+            // it (the slot was free, so no reference to its bytes exists).
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, len) };
+        }
+        if grew {
+            class.meta.store(st.meta_bytes(), Relaxed);
+        }
+        class.objects.fetch_add(1, Relaxed);
+        class.bytes.fetch_add(len as u64, Relaxed);
+        Ok(Self::encode(cid, idx, gen))
+    }
+
+    /// Frees an object. A stale, invalid or double-freed handle returns
+    /// [`PoolError::InvalidHandle`].
+    pub fn free(&self, h: Handle) -> Result<(), PoolError> {
+        let (cid, idx, gen) = self.decode(h)?;
+        let info = &self.infos[cid];
+        let class = &self.classes[cid];
+        let released = {
+            let mut st = class.state.write();
+            let loc = st
+                .resolve(idx, gen)
+                .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
+            st.release_handle(idx, gen);
+            class.objects.fetch_sub(1, Relaxed);
+            class
+                .bytes
+                .fetch_sub((info.size - loc.delta) as u64, Relaxed);
+            if st.put_slot(loc.span, loc.slot, info.objs) {
+                class.spans.fetch_sub(1, Relaxed);
+                st.remove_span(loc.span)
+            } else {
+                None
+            }
+        };
+        if let Some(run) = released {
+            self.release_run(run);
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the object's bytes (exactly as long as allocated) while the object can
+    /// neither move nor be freed. `f` must not call into this pool.
+    pub fn with_object<R>(&self, h: Handle, f: impl FnOnce(&[u8]) -> R) -> Result<R, PoolError> {
+        let (cid, idx, gen) = self.decode(h)?;
+        let info = &self.infos[cid];
+        let st = self.classes[cid].state.read();
+        let loc = st
+            .resolve(idx, gen)
+            .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
+        let run = st.spans[loc.span as usize]
+            .run
+            .as_ref()
+            .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
+        let ptr = slot_ptr(run.ptr, loc.slot, info.size);
+        let len = (info.size - loc.delta) as usize;
+        // SAFETY: the slot holds a live object of `len` initialised bytes inside a mapped span;
+        // the class read lock is held for the whole borrow, and all writes to the slot (alloc,
+        // compaction, span release) need the write lock.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        Ok(f(bytes))
+    }
+
+    /// Exact length of an object.
+    pub fn object_len(&self, h: Handle) -> Result<usize, PoolError> {
+        let (cid, idx, gen) = self.decode(h)?;
+        let info = &self.infos[cid];
+        let st = self.classes[cid].state.read();
+        let loc = st
+            .resolve(idx, gen)
+            .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
+        Ok((info.size - loc.delta) as usize)
+    }
+
+    /// Moves objects out of sparse spans into fuller ones of the same class and gives the
+    /// emptied spans' pages back to the OS.
+    pub fn compact(&self) -> CompactStats {
+        let mut out = CompactStats::default();
+        for cid in 0..self.classes.len() {
+            let info = &self.infos[cid];
+            let class = &self.classes[cid];
+            if info.objs <= 1 {
+                continue;
+            }
+            loop {
+                // Cheap unlocked check: can at least one span be emptied?
+                let slots = class.spans.load(Relaxed) * info.objs as u64;
+                if slots.saturating_sub(class.objects.load(Relaxed)) < info.objs as u64 {
+                    break;
+                }
+                let (moved, run) = {
+                    let mut st = class.state.write();
+                    self.compact_one(&mut st, cid)
+                };
+                out.objects_moved += moved;
+                match run {
+                    Some(run) => {
+                        out.pages_freed += run.pages as u64;
+                        self.release_run(run);
+                    }
+                    None => break,
+                }
+            }
+        }
+        self.pages_compacted.fetch_add(out.pages_freed, Relaxed);
+        out
+    }
+
+    /// Drains the least used span of a class into the fullest ones, if that frees a span.
+    /// Returns the objects moved and the emptied span's pages.
+    fn compact_one(&self, st: &mut ClassState, cid: usize) -> (u64, Option<Run>) {
+        let info = &self.infos[cid];
+        let class = &self.classes[cid];
+        let objs = info.objs as u64;
+        let slots = class.spans.load(Relaxed) * objs;
+        if slots.saturating_sub(class.objects.load(Relaxed)) < objs {
+            return (0, None);
+        }
+        let Some(src) = st.emptiest() else {
+            return (0, None);
+        };
+        st.unlink(src);
+        st.spans[src as usize].bucket = B_ISOLATED;
+        let mut moved = 0;
+        for slot in 0..info.objs {
+            if st.spans[src as usize].inuse == 0 {
+                break;
+            }
+            if st.slot_map[src as usize * info.objs as usize + slot as usize] & SLOT_FREE != 0 {
+                continue;
+            }
+            if !st.move_object(src, slot, info) {
+                break;
+            }
+            moved += 1;
+        }
+        let s = &mut st.spans[src as usize];
+        s.bucket = B_FULL;
+        if s.inuse == 0 {
+            class.spans.fetch_sub(1, Relaxed);
+            (moved, st.remove_span(src))
+        } else {
+            st.rebucket(src, info.objs);
+            (moved, None)
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PoolStats {
+        let mut s = PoolStats {
+            mem_used_total: self.pages_used.load(Relaxed) * PAGE_SIZE as u64,
+            mem_used_max: self.pages_max.load(Relaxed) * PAGE_SIZE as u64,
+            pages_compacted: self.pages_compacted.load(Relaxed),
+            metadata_bytes: (std::mem::size_of_val::<[Class]>(&self.classes)
+                + std::mem::size_of_val::<[ClassInfo]>(&self.infos)
+                + std::mem::size_of_val::<[u16]>(&self.size_to_class))
+                as u64
+                + self.chunks.metadata_bytes(),
+            ..PoolStats::default()
+        };
+        for c in self.classes.iter() {
+            s.objects += c.objects.load(Relaxed);
+            s.object_bytes += c.bytes.load(Relaxed);
+            s.spans += c.spans.load(Relaxed);
+            s.metadata_bytes += c.meta.load(Relaxed);
+        }
+        s
+    }
+
+    /// Number of 2 MiB chunks currently mapped (for diagnostics).
+    pub fn mapped_chunks(&self) -> u64 {
+        self.chunks.mapped_chunks()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_is_send_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Pool>();
+    }
+
+    #[test]
+    fn entry_roundtrip() {
+        let e = live_entry(4095, 4095, (1 << E_SPAN_BITS) - 1, (1 << E_SLOT_BITS) - 1);
+        assert_eq!(entry_gen(e), 4095);
+        let l = entry_loc(e);
+        assert_eq!(
+            (l.span, l.slot, l.delta),
+            ((1 << E_SPAN_BITS) - 1, (1 << E_SLOT_BITS) - 1, 4095)
+        );
+        let m = with_loc(e, 7, 9);
+        let l = entry_loc(m);
+        assert_eq!((l.span, l.slot, l.delta, entry_gen(m)), (7, 9, 4095, 4095));
+        assert!(m & E_LIVE != 0);
+        let f = free_entry(3, 42);
+        assert_eq!((entry_gen(f), f as u32, f & E_LIVE), (3, 42, 0));
+        assert_eq!(next_gen(GEN_MASK), 1);
+    }
+
+    #[test]
+    fn generation_wraps_and_stays_detectable() {
+        let pool = Pool::new(PoolConfig::default()).unwrap();
+        let keep = pool.alloc(&[1; 100]).unwrap();
+        let first = pool.alloc(&[2; 100]).unwrap();
+        pool.free(first).unwrap();
+        // The freed table entry is reused LIFO; each reuse gets the next generation, and the
+        // old handle stays invalid until the 12-bit generation wraps (4095 reuses).
+        for _ in 1..GEN_MASK {
+            let h = pool.alloc(&[3; 100]).unwrap();
+            assert_ne!(h, first);
+            assert_eq!(
+                pool.free(first),
+                Err(PoolError::InvalidHandle(first.to_raw()))
+            );
+            assert!(pool.object_len(first).is_err());
+            pool.free(h).unwrap();
+        }
+        let h = pool.alloc(&[4; 100]).unwrap();
+        assert_eq!(h, first, "generation wrapped");
+        pool.free(h).unwrap();
+        pool.free(keep).unwrap();
+    }
+
+    #[test]
+    fn alloc_prefers_fullest_span() {
+        let pool = Pool::new(PoolConfig::default()).unwrap();
+        let cid = pool.size_to_class[(1000 - 1) / CLASS_STEP] as usize;
+        let n = pool.infos[cid].objs as usize;
+        assert!(n >= 4);
+        let span_of = |h: Handle| {
+            let (c, idx, gen) = pool.decode(h).unwrap();
+            assert_eq!(c, cid);
+            pool.classes[cid]
+                .state
+                .read()
+                .resolve(idx, gen)
+                .unwrap()
+                .span
+        };
+        let hs: Vec<Handle> = (0..2 * n)
+            .map(|_| pool.alloc(&[5; 1000]).unwrap())
+            .collect();
+        let (a, b) = (span_of(hs[0]), span_of(hs[n]));
+        assert_ne!(a, b);
+        // Span a keeps one object, span b all but one.
+        for &h in &hs[1..n] {
+            pool.free(h).unwrap();
+        }
+        pool.free(hs[n]).unwrap();
+        assert_eq!(span_of(pool.alloc(&[6; 1000]).unwrap()), b);
+        // Now b is full: the next one goes to a, no new span.
+        assert_eq!(span_of(pool.alloc(&[7; 1000]).unwrap()), a);
+        assert_eq!(pool.stats().spans, 2);
+    }
+
+    #[test]
+    fn span_released_when_empty() {
+        let pool = Pool::new(PoolConfig::default()).unwrap();
+        let h = pool.alloc(&[7; 3000]).unwrap();
+        let s = pool.stats();
+        assert!(s.mem_used_total > 0);
+        assert_eq!(s.spans, 1);
+        pool.free(h).unwrap();
+        let s = pool.stats();
+        assert_eq!(
+            (s.mem_used_total, s.spans, s.objects, s.object_bytes),
+            (0, 0, 0, 0)
+        );
+        assert!(s.mem_used_max > 0);
+    }
+}
