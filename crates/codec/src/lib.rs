@@ -52,10 +52,7 @@ pub enum CodecError {
     #[error("compressed object truncated: {0}")]
     Truncated(&'static str),
     #[error("corrupt {codec} data: {reason}")]
-    Corrupt {
-        codec: &'static str,
-        reason: String,
-    },
+    Corrupt { codec: &'static str, reason: String },
     #[error("decoded length {got} differs from the header's {expected}")]
     LengthMismatch { expected: usize, got: usize },
     #[error("output buffer too small: need {need} bytes, have {have}")]
@@ -110,11 +107,17 @@ impl CodecId {
 pub enum Codec {
     Raw,
     /// liblz4 `LZ4_compress_fast`; acceleration 1 is the default speed/ratio point.
-    Lz4 { acceleration: i32 },
+    Lz4 {
+        acceleration: i32,
+    },
     /// zstd, magicless frames without checksum, content size or dictionary id.
-    Zstd { level: i32 },
+    Zstd {
+        level: i32,
+    },
     /// libdeflate raw deflate (RFC 1951), the format accelerators share.
-    Deflate { level: i32 },
+    Deflate {
+        level: i32,
+    },
 }
 
 impl Codec {

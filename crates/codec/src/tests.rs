@@ -4,7 +4,8 @@ use proptest::prelude::*;
 /// Text-like test data: the Calgary corpus when the checkout has shared/ beside it, otherwise a
 /// deterministic pseudo-text so the tests still exercise real compression.
 fn sample_text(len: usize) -> Vec<u8> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpora/calgary");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpora/calgary");
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir(&dir) {
         let mut names: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
@@ -18,7 +19,16 @@ fn sample_text(len: usize) -> Vec<u8> {
             }
         }
     }
-    let words = ["memory ", "page ", "compress ", "the ", "of ", "zram ", "kernel ", "pool\n"];
+    let words = [
+        "memory ",
+        "page ",
+        "compress ",
+        "the ",
+        "of ",
+        "zram ",
+        "kernel ",
+        "pool\n",
+    ];
     let mut x = 12345u32;
     while out.len() < len {
         x = x.wrapping_mul(1103515245).wrapping_add(12345);
@@ -127,7 +137,10 @@ fn output_buffer_must_hold_the_raw_fallback() {
         decode(&out[..e.len], None, &mut short),
         Err(CodecError::OutputTooSmall { .. })
     ));
-    assert_eq!(encode(Codec::LZ4, None, &[], &mut out, 0.9), Err(CodecError::EmptyInput));
+    assert_eq!(
+        encode(Codec::LZ4, None, &[], &mut out, 0.9),
+        Err(CodecError::EmptyInput)
+    );
 }
 
 #[test]
@@ -141,7 +154,10 @@ fn dictionary_round_trip_and_mismatch() {
     let page = &text[100 * PAGE_SIZE..101 * PAGE_SIZE];
     let with = round_trip(Codec::Zstd { level: 1 }, Some(&dict), page);
     let without = round_trip(Codec::Zstd { level: 1 }, None, page);
-    assert!(with.len < without.len, "a dictionary trained on the same text helps");
+    assert!(
+        with.len < without.len,
+        "a dictionary trained on the same text helps"
+    );
     let mut out = vec![0u8; max_encoded_len(PAGE_SIZE)];
     let e = encode(Codec::Zstd { level: 1 }, Some(&dict), page, &mut out, 0.9).unwrap();
     let mut back = vec![0u8; PAGE_SIZE];
@@ -166,32 +182,71 @@ fn codec_names_parse_and_reject() {
     assert_eq!("lz4".parse::<Codec>().unwrap(), Codec::LZ4);
     assert_eq!("zstd".parse::<Codec>().unwrap(), Codec::Zstd { level: 1 });
     assert_eq!("zstd-3".parse::<Codec>().unwrap(), Codec::Zstd { level: 3 });
-    assert_eq!("deflate-6".parse::<Codec>().unwrap(), Codec::Deflate { level: 6 });
+    assert_eq!(
+        "deflate-6".parse::<Codec>().unwrap(),
+        Codec::Deflate { level: 6 }
+    );
     assert_eq!("raw".parse::<Codec>().unwrap(), Codec::Raw);
     for c in all_codecs() {
         assert_eq!(c.to_string().parse::<Codec>().unwrap(), c);
     }
-    assert!(matches!("snappy".parse::<Codec>(), Err(CodecError::UnknownCodecName(_))));
-    assert!(matches!("zstd-x".parse::<Codec>(), Err(CodecError::UnknownCodecName(_))));
-    assert!(matches!("zstd-40".parse::<Codec>(), Err(CodecError::InvalidLevel { .. })));
-    assert!(matches!("deflate-13".parse::<Codec>(), Err(CodecError::InvalidLevel { .. })));
-    assert!(matches!("raw-1".parse::<Codec>(), Err(CodecError::UnknownCodecName(_))));
+    assert!(matches!(
+        "snappy".parse::<Codec>(),
+        Err(CodecError::UnknownCodecName(_))
+    ));
+    assert!(matches!(
+        "zstd-x".parse::<Codec>(),
+        Err(CodecError::UnknownCodecName(_))
+    ));
+    assert!(matches!(
+        "zstd-40".parse::<Codec>(),
+        Err(CodecError::InvalidLevel { .. })
+    ));
+    assert!(matches!(
+        "deflate-13".parse::<Codec>(),
+        Err(CodecError::InvalidLevel { .. })
+    ));
+    assert!(matches!(
+        "raw-1".parse::<Codec>(),
+        Err(CodecError::UnknownCodecName(_))
+    ));
 }
 
 #[test]
 fn header_errors() {
-    assert_eq!(peek_header(&[1, 0]), Err(CodecError::Truncated("shorter than the header")));
-    assert_eq!(peek_header(&[9, 0, 16, 0]), Err(CodecError::UnknownCodecId(9)));
-    assert!(matches!(peek_header(&[0x41, 0, 16, 0]), Err(CodecError::Corrupt { .. })));
-    assert!(matches!(peek_header(&[1, 0, 0, 0]), Err(CodecError::Corrupt { .. })));
+    assert_eq!(
+        peek_header(&[1, 0]),
+        Err(CodecError::Truncated("shorter than the header"))
+    );
+    assert_eq!(
+        peek_header(&[9, 0, 16, 0]),
+        Err(CodecError::UnknownCodecId(9))
+    );
+    assert!(matches!(
+        peek_header(&[0x41, 0, 16, 0]),
+        Err(CodecError::Corrupt { .. })
+    ));
+    assert!(matches!(
+        peek_header(&[1, 0, 0, 0]),
+        Err(CodecError::Corrupt { .. })
+    ));
     // Dictionary flag on lz4, and a missing dictionary id.
-    assert!(matches!(peek_header(&[0x11, 0, 16, 0, 1]), Err(CodecError::Corrupt { .. })));
-    assert!(matches!(peek_header(&[0x12, 0, 16, 0]), Err(CodecError::Truncated(_))));
+    assert!(matches!(
+        peek_header(&[0x11, 0, 16, 0, 1]),
+        Err(CodecError::Corrupt { .. })
+    ));
+    assert!(matches!(
+        peek_header(&[0x12, 0, 16, 0]),
+        Err(CodecError::Truncated(_))
+    ));
     // Raw object whose payload disagrees with the header.
     let mut out = [0u8; 16];
     assert!(matches!(
         decode(&[0, 8, 0, 0, 1, 2, 3], None, &mut out),
-        Err(CodecError::LengthMismatch { expected: 8, got: 3 })
+        Err(CodecError::LengthMismatch {
+            expected: 8,
+            got: 3
+        })
     ));
 }
 

@@ -11,14 +11,16 @@ use parking_lot::Mutex;
 
 use crate::{compress_on_cpu, Completion, Counters, EngineError, Job, Sink};
 
+/// A slice of a batch: one queue operation and at most one wake-up for several jobs.
 struct Task {
-    job: Job,
+    jobs: Vec<Job>,
     sink: Sink,
 }
 
 struct Inner {
     tx: Mutex<Option<Sender<Task>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    nworkers: usize,
 }
 
 /// Handle to the worker pool; clones share it.
@@ -44,19 +46,21 @@ impl CpuBackend {
                 .name(format!("zmem-cpu-{i}"))
                 .spawn(move || {
                     // recv() sleeps while the queue is empty and ends when every sender is gone.
-                    while let Ok(Task { job, sink }) = rx.recv() {
-                        let result = compress_on_cpu(
-                            &counters,
-                            job.codec,
-                            job.dict.as_deref(),
-                            &job.input,
-                            reject_ratio,
-                        );
-                        sink(Completion {
-                            job,
-                            result,
-                            backend: "cpu",
-                        });
+                    while let Ok(Task { jobs, sink }) = rx.recv() {
+                        for job in jobs {
+                            let result = compress_on_cpu(
+                                &counters,
+                                job.codec,
+                                job.dict.as_deref(),
+                                &job.input,
+                                reject_ratio,
+                            );
+                            sink(Completion {
+                                job,
+                                result,
+                                backend: "cpu",
+                            });
+                        }
                     }
                 })
                 .map_err(|e| EngineError::Config(format!("cannot start a CPU worker: {e}")))?;
@@ -66,29 +70,36 @@ impl CpuBackend {
             inner: Arc::new(Inner {
                 tx: Mutex::new(Some(tx)),
                 workers: Mutex::new(handles),
+                nworkers: workers,
             }),
             counters,
         })
     }
 
-    /// Queues the jobs in order; blocks only while the queue is full.
-    pub(crate) fn submit_jobs(&self, jobs: Vec<Job>, sink: Sink) -> Result<(), EngineError> {
+    /// Queues the jobs in order, split into one slice per worker; blocks only while the
+    /// queue is full.
+    pub(crate) fn submit_jobs(&self, mut jobs: Vec<Job>, sink: Sink) -> Result<(), EngineError> {
         let tx = self.inner.tx.lock().clone().ok_or(EngineError::Shutdown)?;
         self.counters
             .jobs_cpu
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);
-        for job in jobs {
+        let per = jobs.len().div_ceil(self.inner.nworkers).max(1);
+        while !jobs.is_empty() {
+            let rest = jobs.split_off(per.min(jobs.len()));
+            let slice = std::mem::replace(&mut jobs, rest);
             if let Err(e) = tx.send(Task {
-                job,
+                jobs: slice,
                 sink: sink.clone(),
             }) {
-                // Workers are gone: complete the job with an error rather than dropping it.
-                let Task { job, sink } = e.into_inner();
-                sink(Completion {
-                    job,
-                    result: Err(EngineError::Shutdown),
-                    backend: "cpu",
-                });
+                // Workers are gone: complete the jobs with an error rather than dropping them.
+                let Task { jobs, sink } = e.into_inner();
+                for job in jobs {
+                    sink(Completion {
+                        job,
+                        result: Err(EngineError::Shutdown),
+                        backend: "cpu",
+                    });
+                }
             }
         }
         Ok(())

@@ -341,8 +341,7 @@ impl Shared {
 
     fn note_failure(&self, acc: &Accelerator) {
         let n = acc.consecutive_failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= u64::from(self.cfg.failure_threshold) && acc.healthy.swap(false, Ordering::AcqRel)
-        {
+        if n >= u64::from(self.cfg.failure_threshold) && acc.healthy.swap(false, Ordering::AcqRel) {
             self.counters
                 .backend_failures
                 .fetch_add(1, Ordering::Relaxed);

@@ -119,14 +119,22 @@ fn run_batches(engine: &Engine, first_tag: u64, n: u64, batch: usize, codec: Cod
     }
     let mut seen: HashMap<u64, usize> = HashMap::new();
     for _ in 0..n {
-        let c = rx.recv_timeout(Duration::from_secs(20)).expect("a completion went missing");
-        let (obj, _) = c.result.as_ref().expect("the engine never returns a failed job");
+        let c = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a completion went missing");
+        let (obj, _) = c
+            .result
+            .as_ref()
+            .expect("the engine never returns a failed job");
         let mut back = vec![0u8; 4096];
         zmem_codec::decode(obj, None, &mut back).unwrap();
         assert_eq!(&back[..], &page(c.job.tag)[..], "tag {}", c.job.tag);
         *seen.entry(c.job.tag).or_default() += 1;
     }
-    assert!(rx.recv_timeout(Duration::from_millis(50)).is_err(), "a job completed twice");
+    assert!(
+        rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "a job completed twice"
+    );
     assert_eq!(seen.len() as u64, n);
     assert!(seen.values().all(|&k| k == 1));
 }
@@ -211,12 +219,18 @@ fn refused_and_saturated_submits_run_on_the_cpu() {
     backend.saturated.store(true, Ordering::SeqCst);
     run_batches(&engine, 0, 64, 16, Codec::Deflate { level: 1 });
     assert_eq!(engine.stats().saturated, 4);
-    assert!(engine.stats().backend_healthy, "saturation is not a failure");
+    assert!(
+        engine.stats().backend_healthy,
+        "saturation is not a failure"
+    );
     backend.saturated.store(false, Ordering::SeqCst);
     backend.refuse_submit.store(true, Ordering::SeqCst);
     run_batches(&engine, 100, 64, 16, Codec::Deflate { level: 1 });
     let s = engine.stats();
-    assert_eq!(s.fallbacks, 32, "two refused batches before it was taken out: {s:?}");
+    assert_eq!(
+        s.fallbacks, 32,
+        "two refused batches before it was taken out: {s:?}"
+    );
     assert!(!s.backend_healthy);
     assert_eq!(backend.accepted.load(Ordering::SeqCst), 0);
 }
@@ -241,11 +255,17 @@ fn random_fault_schedule_never_loses_or_corrupts() {
 #[test]
 fn configuration_and_names_are_checked() {
     assert!(matches!(
-        Engine::new(EngineConfig { cpu_workers: 0, ..cfg() }),
+        Engine::new(EngineConfig {
+            cpu_workers: 0,
+            ..cfg()
+        }),
         Err(EngineError::Config(_))
     ));
     assert!(matches!(
-        Engine::new(EngineConfig { reject_ratio: 1.5, ..cfg() }),
+        Engine::new(EngineConfig {
+            reject_ratio: 1.5,
+            ..cfg()
+        }),
         Err(EngineError::Config(_))
     ));
     for p in Policy::ALL {

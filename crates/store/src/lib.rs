@@ -221,7 +221,9 @@ thread_local! {
 impl PageStore {
     pub fn new(cfg: StoreConfig) -> Result<PageStore, StoreError> {
         if cfg.pages == 0 {
-            return Err(StoreError::Config("the store needs at least one page".into()));
+            return Err(StoreError::Config(
+                "the store needs at least one page".into(),
+            ));
         }
         if cfg.pages > (1 << 40) {
             return Err(StoreError::Config(format!(
@@ -247,7 +249,9 @@ impl PageStore {
             pool,
             dict: cfg.dictionary.clone(),
             counters: Counters::default(),
-            blocks: (0..BLOCK_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            blocks: (0..BLOCK_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
             inflight: Arc::new(Latch::default()),
             retry: Mutex::new(Vec::new()),
             last_failure: Mutex::new(None),
@@ -303,7 +307,6 @@ impl Drop for PageStore {
 }
 
 impl StoreCore {
-
     pub fn pages(&self) -> u64 {
         self.inner.slots.len() as u64
     }
@@ -370,7 +373,8 @@ impl StoreCore {
         let latch = Arc::new(Latch::default());
         self.write_pages(start, data, Some(latch.clone()))?;
         latch.wait();
-        self.inner.take_failures(start, data.len() as u64 / PAGE_SIZE as u64)
+        self.inner
+            .take_failures(start, data.len() as u64 / PAGE_SIZE as u64)
     }
 
     /// Writes consecutive pages and returns before they are compressed (QZRAM's parallel
@@ -487,11 +491,14 @@ impl StoreCore {
 
     /// Compresses pending data on this thread and installs it where it is still current.
     fn redo(&self, start: u64, input: &Arc<[u8]>) -> Result<(), StoreError> {
-        let (obj, enc) =
-            self.engine
-                .compress_now(self.policy.write_codec(), self.inner.dict.as_deref(), input)?;
+        let (obj, enc) = self.engine.compress_now(
+            self.policy.write_codec(),
+            self.inner.dict.as_deref(),
+            input,
+        )?;
         let handle = self.inner.pool.alloc(&obj)?;
-        self.inner.install(start, input, handle, enc.codec, obj.len());
+        self.inner
+            .install(start, input, handle, enc.codec, obj.len());
         Ok(())
     }
 
@@ -645,7 +652,11 @@ impl StoreCore {
         let mut data = vec![0u8; n * PAGE_SIZE];
         for (i, (_, aux)) in held.iter().enumerate() {
             if inner
-                .decode_object(start + i as u64, *aux, &mut data[i * PAGE_SIZE..][..PAGE_SIZE])
+                .decode_object(
+                    start + i as u64,
+                    *aux,
+                    &mut data[i * PAGE_SIZE..][..PAGE_SIZE],
+                )
                 .is_err()
             {
                 unlock_all(&held);
@@ -653,7 +664,10 @@ impl StoreCore {
             }
         }
         let before: u64 = held.iter().map(|(st, _)| u64::from(st.len())).sum();
-        let Ok((obj, enc)) = self.engine.compress_now(codec, inner.dict.as_deref(), &data) else {
+        let Ok((obj, enc)) = self
+            .engine
+            .compress_now(codec, inner.dict.as_deref(), &data)
+        else {
             unlock_all(&held);
             return;
         };

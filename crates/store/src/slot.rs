@@ -107,7 +107,8 @@ impl Slot {
 
     /// Releases the lock keeping the state (minus `clear` flags). Caller holds the lock.
     pub fn unlock_keep(&self, state: State, clear: u64) {
-        self.word.store(state.0 & !(LOCK | clear), Ordering::Release);
+        self.word
+            .store(state.0 & !(LOCK | clear), Ordering::Release);
     }
 
     /// A racy look at the state, for scans that lock before acting.

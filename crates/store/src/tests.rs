@@ -16,7 +16,14 @@ fn content(kind: u8, seed: u64) -> Vec<u8> {
     };
     match kind % 4 {
         0 => {
-            let words = ["page ", "store ", "zram ", "memory ", "compress\n", "block "];
+            let words = [
+                "page ",
+                "store ",
+                "zram ",
+                "memory ",
+                "compress\n",
+                "block ",
+            ];
             let mut v = format!("seed {seed} ").into_bytes();
             while v.len() < PS {
                 v.extend_from_slice(words[(next() % 6) as usize].as_bytes());
@@ -242,17 +249,47 @@ fn bad_input_is_refused_and_changes_nothing() {
     let s = store(4, Policy::Fast, 1);
     s.write(1, &content(0, 1)).unwrap();
     let before = s.stats().orig_data_size;
-    assert!(matches!(s.write(1, &[0u8; 100]), Err(StoreError::BadLength { len: 100, .. })));
-    assert!(matches!(s.write(4, &content(0, 1)), Err(StoreError::OutOfRange { index: 4, .. })));
-    assert!(matches!(s.write(u64::MAX, &content(0, 1)), Err(StoreError::OutOfRange { .. })));
-    assert!(matches!(s.write_batch(3, &[0u8; 2 * PS]), Err(StoreError::OutOfRange { .. })));
-    assert!(matches!(s.write_async(0, &[0u8; PS + 1]), Err(StoreError::BadLength { .. })));
-    assert!(matches!(s.write_batch(0, &[]), Err(StoreError::BadLength { .. })));
+    assert!(matches!(
+        s.write(1, &[0u8; 100]),
+        Err(StoreError::BadLength { len: 100, .. })
+    ));
+    assert!(matches!(
+        s.write(4, &content(0, 1)),
+        Err(StoreError::OutOfRange { index: 4, .. })
+    ));
+    assert!(matches!(
+        s.write(u64::MAX, &content(0, 1)),
+        Err(StoreError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        s.write_batch(3, &[0u8; 2 * PS]),
+        Err(StoreError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        s.write_async(0, &[0u8; PS + 1]),
+        Err(StoreError::BadLength { .. })
+    ));
+    assert!(matches!(
+        s.write_batch(0, &[]),
+        Err(StoreError::BadLength { .. })
+    ));
     let mut b = vec![0u8; PS];
-    assert!(matches!(s.read(9, &mut b), Err(StoreError::OutOfRange { .. })));
-    assert!(matches!(s.read(0, &mut b[..10]), Err(StoreError::BadLength { .. })));
-    assert!(matches!(s.discard_range(2, 3), Err(StoreError::OutOfRange { .. })));
-    assert!(matches!(s.discard_range(0, 0), Err(StoreError::OutOfRange { .. })));
+    assert!(matches!(
+        s.read(9, &mut b),
+        Err(StoreError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        s.read(0, &mut b[..10]),
+        Err(StoreError::BadLength { .. })
+    ));
+    assert!(matches!(
+        s.discard_range(2, 3),
+        Err(StoreError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        s.discard_range(0, 0),
+        Err(StoreError::OutOfRange { .. })
+    ));
     assert_eq!(s.stats().orig_data_size, before);
     assert_eq!(read_page(&s, 1), content(0, 1));
     for bad in [0usize, 17] {
@@ -279,7 +316,10 @@ fn memory_limit_refuses_writes_and_keeps_old_data() {
         }
         assert!(written < 4096, "the limit never hit");
     };
-    assert!(matches!(err, StoreError::MemoryLimit { limit: 262144, .. }), "{err}");
+    assert!(
+        matches!(err, StoreError::MemoryLimit { limit: 262144, .. }),
+        "{err}"
+    );
     let st = s.stats();
     assert!(st.mem_used_total <= 256 * 1024);
     assert_eq!(st.orig_data_size, written * PS as u64);
@@ -320,9 +360,15 @@ fn corrupt_objects_give_errors_not_crashes() {
         s.inner.count_new(new, 1);
         slot.unlock_with(new, h.to_raw());
         let mut b = vec![0u8; PS];
-        assert!(matches!(s.read(2, &mut b), Err(StoreError::Corrupt { index: 2, .. })));
+        assert!(matches!(
+            s.read(2, &mut b),
+            Err(StoreError::Corrupt { index: 2, .. })
+        ));
         let mut bb = vec![0u8; 3 * PS];
-        assert!(matches!(s.read_batch(0, &mut bb), Err(StoreError::Corrupt { index: 2, .. })));
+        assert!(matches!(
+            s.read_batch(0, &mut bb),
+            Err(StoreError::Corrupt { index: 2, .. })
+        ));
     }
     // The store is still usable and the slot can be overwritten.
     s.write(2, &content(0, 3)).unwrap();
@@ -433,7 +479,10 @@ fn compaction_after_random_overwrites_keeps_overhead_low() {
     assert!(c.pages_freed > 0);
     assert!(after.mem_used_total < before.mem_used_total);
     let overhead = after.mem_used_total as f64 / after.compr_data_size as f64;
-    assert!(overhead <= 1.05, "mem_used_total/compr_data_size = {overhead:.3}");
+    assert!(
+        overhead <= 1.05,
+        "mem_used_total/compr_data_size = {overhead:.3}"
+    );
     assert_eq!(after.pages_compacted, c.pages_freed);
 }
 
@@ -457,7 +506,11 @@ fn recompression_improves_ratio_and_respects_idle_marks() {
     s.read_batch(0, &mut back).unwrap();
     assert_eq!(back, data);
     // A second pass has nothing left to do.
-    assert_eq!(s.recompress(Codec::Zstd { level: 1 }, false).pages_recompressed, 1);
+    assert_eq!(
+        s.recompress(Codec::Zstd { level: 1 }, false)
+            .pages_recompressed,
+        1
+    );
 }
 
 #[test]
