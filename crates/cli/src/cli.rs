@@ -42,6 +42,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Shows what zmem saves on the built-in demo data (the Calgary corpus), per policy.
+    Demo(crate::demo::DemoArgs),
     /// Benchmarks, measured side by side with the kernel's zram.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -141,6 +143,7 @@ pub struct CodecsArgs {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Demo(a) => crate::demo::run(&a),
         Command::Bench(BenchCommand::Pages(a)) => bench_pages(&a),
         Command::Bench(BenchCommand::Compare(a)) => bench::compare::run(&a),
         Command::Bench(BenchCommand::Codecs(a)) => bench::codecs::run(&a),
