@@ -782,13 +782,7 @@ impl Pool {
 
     /// Exact length of an object.
     pub fn object_len(&self, h: Handle) -> Result<usize, PoolError> {
-        let (cid, idx, gen) = self.decode(h)?;
-        let info = &self.infos[cid];
-        let st = self.classes[cid].state.read();
-        let loc = st
-            .resolve(idx, gen)
-            .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
-        Ok((info.size - loc.delta) as usize)
+        self.with_object(h, <[u8]>::len)
     }
 
     /// Moves objects out of sparse spans into fuller ones of the same class and gives the

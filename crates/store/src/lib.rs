@@ -24,8 +24,6 @@ use zmem_pool::{Handle, Pool, PoolConfig, PoolError, PoolStats};
 
 use slot::{Slot, State, BLOCK, EMPTY, HUGE, IDLE, OBJECT, PENDING, SAME};
 
-pub use zmem_codec::PAGE_SIZE as STORE_PAGE_SIZE;
-
 /// Largest multi-page block, in pages (64 KiB).
 pub const MAX_BLOCK_PAGES: usize = 16;
 
@@ -607,7 +605,7 @@ impl StoreCore {
             let all = end - start == group
                 && (start..end).all(|i| eligible(self.inner.slots[i as usize].peek()));
             if all {
-                self.recompress_block(start, codec, only_idle, &eligible, &mut stats);
+                self.recompress_block(start, codec, &eligible, &mut stats);
             } else {
                 for i in start..end {
                     if eligible(self.inner.slots[i as usize].peek()) {
@@ -628,7 +626,6 @@ impl StoreCore {
         &self,
         start: u64,
         codec: zmem_codec::Codec,
-        _only_idle: bool,
         eligible: &dyn Fn(State) -> bool,
         stats: &mut RecompressStats,
     ) {
