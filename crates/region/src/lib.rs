@@ -6,12 +6,25 @@
 //! See docs/DESIGN-NOTES.md ("Regions") for the fault path, eviction, fork and the policy.
 
 pub mod budget;
+mod budget_loop;
+mod manager;
 pub mod policy;
+mod uffd;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
+use hdrhistogram::Histogram;
+use parking_lot::{Condvar, Mutex};
 use zmem_engine::Policy;
-use zmem_store::{StoreError, StoreStats};
+use zmem_store::{PageStore, StoreConfig, StoreError, StoreStats};
+
+use budget_loop::BudgetLoop;
+use manager::{Counters, Shared, Space, SpaceInner, STAGING_SLOTS};
+use policy::Tracker;
 
 pub use budget::{AdaptiveConfig, BudgetSample};
 pub use policy::Eviction;
@@ -69,7 +82,10 @@ pub enum RegionError {
     #[error("userfaultfd lacks {feature}: {why}")]
     Unsupported { feature: &'static str, why: String },
     #[error("{op} failed: {source}")]
-    Os { op: &'static str, source: std::io::Error },
+    Os {
+        op: &'static str,
+        source: std::io::Error,
+    },
     #[error("invalid region configuration: {0}")]
     Config(String),
     #[error("page store: {0}")]
@@ -141,53 +157,364 @@ impl RegionStats {
 /// A range of memory that tiers itself. Use [`Region::as_ptr`] ..`+len()` as plain memory from
 /// any thread. Dropping it stops its threads, unmaps the range and frees every compressed page.
 pub struct Region {
-    _private: (),
+    shared: Option<Arc<Shared>>,
+    threads: Vec<JoinHandle<()>>,
+    base: usize,
+    len: usize,
+    staging: usize,
+    interval: Option<Duration>,
+    history: Option<budget_loop::History>,
 }
 
-// SAFETY: all shared state behind a Region is synchronised internally.
+// SAFETY: all shared state behind a Region is synchronised internally; the raw addresses are
+// plain numbers.
 unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
+/// The smallest budget: below this a region would spend its time evicting.
+pub const MIN_BUDGET_PAGES: usize = 16;
+
+fn os(op: &'static str) -> RegionError {
+    RegionError::Os {
+        op,
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+/// Anonymous private mapping, unmapped on drop unless disarmed.
+struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(len: usize) -> Result<Mapping, RegionError> {
+        // SAFETY: a fresh anonymous mapping; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os("mmap"));
+        }
+        Ok(Mapping {
+            addr: p as usize,
+            len,
+        })
+    }
+    fn disarm(self) -> usize {
+        let a = self.addr;
+        std::mem::forget(self);
+        a
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.addr as *mut _, self.len) };
+    }
+}
+
 impl Region {
     pub fn new(cfg: RegionConfig) -> Result<Region, RegionError> {
-        let _ = cfg;
-        Err(RegionError::Unsupported {
-            feature: "region",
-            why: "not built yet".into(),
-        })
+        let len = usize::try_from(cfg.size)
+            .ok()
+            .and_then(|s| s.checked_next_multiple_of(PAGE))
+            .filter(|&l| l > 0 && l / PAGE < u32::MAX as usize)
+            .ok_or_else(|| {
+                RegionError::Config(format!(
+                    "size {} must be between 1 byte and {} bytes",
+                    cfg.size,
+                    (u32::MAX as u64 - 1) * PAGE as u64
+                ))
+            })?;
+        let pages = len / PAGE;
+        if !(1..=64).contains(&cfg.fault_around) {
+            return Err(RegionError::Config(format!(
+                "fault_around {} must be 1..=64 pages",
+                cfg.fault_around
+            )));
+        }
+        if !(1..=16).contains(&cfg.handler_threads) {
+            return Err(RegionError::Config(format!(
+                "handler_threads {} must be 1..=16",
+                cfg.handler_threads
+            )));
+        }
+        let mut adaptive = None;
+        let budget_bytes = match &cfg.budget {
+            Budget::Fixed(b) => *b,
+            Budget::Adaptive(a) => {
+                a.validate().map_err(RegionError::Config)?;
+                let l = BudgetLoop::new(a.clone());
+                let b = l.initial();
+                adaptive = Some(l);
+                b
+            }
+        };
+        let budget_pages = (budget_bytes / PAGE as u64) as usize;
+        if budget_pages < MIN_BUDGET_PAGES {
+            return Err(RegionError::Config(format!(
+                "budget {budget_bytes} bytes is below the minimum of {MIN_BUDGET_PAGES} pages ({} bytes)",
+                MIN_BUDGET_PAGES * PAGE
+            )));
+        }
+
+        let features = uffd::FEATURE_EVENT_FORK
+            | uffd::FEATURE_EVENT_REMAP
+            | uffd::FEATURE_EVENT_REMOVE
+            | uffd::FEATURE_EVENT_UNMAP
+            | uffd::FEATURE_MOVE
+            | uffd::FEATURE_POISON;
+        let (fd, _how) = uffd::Uffd::open(features).map_err(|e| match e {
+            uffd::OpenError::Permission(source) => RegionError::Permission { source },
+            uffd::OpenError::Unsupported(feature, why) => RegionError::Unsupported { feature, why },
+        })?;
+        let region = Mapping::new(len)?;
+        let staging = Mapping::new(STAGING_SLOTS * PAGE)?;
+        fd.register_missing(region.addr, len)
+            .map_err(|source| RegionError::Os {
+                op: "UFFDIO_REGISTER (region)",
+                source,
+            })?;
+        fd.register_missing(staging.addr, STAGING_SLOTS * PAGE)
+            .map_err(|source| RegionError::Os {
+                op: "UFFDIO_REGISTER (staging)",
+                source,
+            })?;
+        let store_cfg = StoreConfig::new(pages as u64, cfg.policy);
+        let store = PageStore::new(store_cfg.clone())?;
+        // SAFETY: plain eventfd creation.
+        let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if stop_fd < 0 {
+            return Err(os("eventfd"));
+        }
+        let root = Space {
+            uffd: fd,
+            base: region.addr,
+            pages,
+            store,
+            inner: Mutex::new(SpaceInner {
+                state: vec![manager::ABSENT; pages],
+                tracker: Some(Tracker::new(pages, cfg.eviction)),
+                resident: 0,
+                staged: HashMap::new(),
+                last_fault: usize::MAX - 1,
+                unmapped: Vec::new(),
+                remap_warned: false,
+            }),
+            is_root: true,
+            dead: AtomicBool::new(false),
+        };
+        let shared = Arc::new(Shared {
+            root: Arc::new(root),
+            children: Mutex::new(Vec::new()),
+            staging: staging.addr,
+            budget_pages: AtomicUsize::new(budget_pages),
+            fault_around: cfg.fault_around,
+            evict_lock: Mutex::new(()),
+            evictor_wake: Condvar::new(),
+            evictor_mutex: Mutex::new(false),
+            stop: AtomicBool::new(false),
+            stop_fd,
+            counters: Counters::default(),
+            latency: Mutex::new(
+                Histogram::new_with_bounds(1, 60_000_000_000, 2).expect("static histogram bounds"),
+            ),
+            store_cfg,
+            // SAFETY: getpid cannot fail.
+            creator_pid: unsafe { libc::getpid() } as u32,
+            zero_page: vec![0u8; PAGE].into_boxed_slice(),
+        });
+        let interval = adaptive.as_ref().map(|a| a.interval());
+        let history = adaptive.as_ref().map(|a| a.history.clone());
+        let mut region_obj = Region {
+            shared: Some(shared.clone()),
+            threads: Vec::new(),
+            base: region.disarm(),
+            len,
+            staging: staging.disarm(),
+            interval,
+            history,
+        };
+        if let Some(a) = adaptive.as_mut() {
+            a.tick(&shared, true);
+        }
+        for i in 0..cfg.handler_threads {
+            let s = shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("zmem-fault-{i}"))
+                .spawn(move || s.handler_loop())
+                .map_err(|source| RegionError::Os {
+                    op: "spawn fault handler",
+                    source,
+                })?;
+            region_obj.threads.push(h);
+        }
+        let s = shared.clone();
+        let h = std::thread::Builder::new()
+            .name("zmem-evict".into())
+            .spawn(move || s.evictor_loop(adaptive))
+            .map_err(|source| RegionError::Os {
+                op: "spawn evictor",
+                source,
+            })?;
+        region_obj.threads.push(h);
+        Ok(region_obj)
     }
 
     /// First byte of the region.
     pub fn as_ptr(&self) -> *mut u8 {
-        std::ptr::null_mut()
+        self.base as *mut u8
     }
 
     /// Bytes of the region.
     pub fn len(&self) -> usize {
-        0
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        self.shared.as_ref().expect("region alive")
+    }
+
+    fn in_creator(&self) -> bool {
+        // SAFETY: getpid cannot fail.
+        (unsafe { libc::getpid() } as u32) == self.shared().creator_pid
     }
 
     pub fn stats(&self) -> RegionStats {
-        RegionStats::default()
+        let sh = self.shared();
+        let c = &sh.counters;
+        let resident = sh.root.inner.lock().resident as u64 * PAGE as u64;
+        let fault_latency = {
+            let h = sh.latency.lock();
+            Latency {
+                count: h.len(),
+                p50: h.value_at_quantile(0.5),
+                p99: h.value_at_quantile(0.99),
+                p999: h.value_at_quantile(0.999),
+                max: h.max(),
+            }
+        };
+        RegionStats {
+            size: self.len as u64,
+            budget: sh.budget() as u64 * PAGE as u64,
+            resident,
+            staged: c.staged_now.load(Relaxed) as u64 * PAGE as u64,
+            major_faults: c.major_faults.load(Relaxed),
+            zero_faults: c.zero_faults.load(Relaxed),
+            staged_faults: c.staged_faults.load(Relaxed),
+            fault_around_pages: c.fault_around_pages.load(Relaxed),
+            evictions: c.evictions.load(Relaxed),
+            direct_evictions: c.direct_evictions.load(Relaxed),
+            unshared: c.unshared.load(Relaxed),
+            forks: c.forks.load(Relaxed),
+            fault_latency,
+            store: sh.root.store.stats(),
+        }
+    }
+
+    /// Clears the fault latency histogram (e.g. between the fill and the measured phase).
+    pub fn reset_latency(&self) {
+        self.shared().latency.lock().reset();
     }
 
     /// Current budget in bytes.
     pub fn budget(&self) -> u64 {
-        0
+        self.shared().budget() as u64 * PAGE as u64
     }
 
-    /// Change a fixed budget (an adaptive region moves within its bounds on its own).
+    /// Change the budget (an adaptive region's controller overrides it at its next step).
+    /// Shrinking evicts in the background; faults wait for room, they never fail.
     pub fn set_budget(&self, bytes: u64) -> Result<(), RegionError> {
-        let _ = bytes;
+        if !self.in_creator() {
+            return Err(RegionError::ForkedChild("change the budget"));
+        }
+        let pages = (bytes / PAGE as u64) as usize;
+        if pages < MIN_BUDGET_PAGES {
+            return Err(RegionError::Config(format!(
+                "budget {bytes} bytes is below the minimum of {MIN_BUDGET_PAGES} pages"
+            )));
+        }
+        let sh = self.shared();
+        sh.budget_pages.store(pages, Relaxed);
+        sh.kick_evictor();
         Ok(())
     }
 
-    /// Interval of the adaptive budget's control loop.
+    /// Interval of the adaptive budget's control loop (None for a fixed budget).
     pub fn control_interval(&self) -> Option<Duration> {
-        None
+        self.interval
+    }
+
+    /// The adaptive budget's decisions so far: (seconds since creation, decision).
+    pub fn budget_history(&self) -> Vec<(f64, budget::Decision)> {
+        self.history
+            .as_ref()
+            .map(|h| h.lock().clone())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
+        // SAFETY: getpid cannot fail.
+        if (unsafe { libc::getpid() } as u32) != shared.creator_pid {
+            // A forked child: the threads and the store belong to the parent. Unmap our copy
+            // of the range; the rest is the parent's (its memory here is a copy-on-write view).
+            // SAFETY: the child's own mapping of the region.
+            unsafe { libc::munmap(self.base as *mut _, self.len) };
+            std::mem::forget(shared);
+            return;
+        }
+        shared.stop.store(true, Relaxed);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(shared.stop_fd, (&one as *const u64).cast(), 8) };
+        shared.kick_evictor();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let unmapped = shared.root.inner.lock().unmapped.clone();
+        // SAFETY: our eventfd.
+        unsafe { libc::close(shared.stop_fd) };
+        // Closing the descriptors (last reference) wakes any thread still blocked on a fault;
+        // it then finds plain anonymous memory until the range is unmapped below.
+        drop(shared);
+        // SAFETY: our own mappings; parts the program already unmapped are skipped.
+        unsafe {
+            libc::munmap(self.staging as *mut _, STAGING_SLOTS * PAGE);
+            let mut start = self.base;
+            let end = self.base + self.len;
+            let mut holes: Vec<(usize, usize)> = unmapped
+                .into_iter()
+                .map(|(a, b)| (a.max(start), b.min(end)))
+                .filter(|(a, b)| a < b)
+                .collect();
+            holes.sort_unstable();
+            for (a, b) in holes {
+                if a > start {
+                    libc::munmap(start as *mut _, a - start);
+                }
+                start = start.max(b);
+            }
+            if start < end {
+                libc::munmap(start as *mut _, end - start);
+            }
+        }
     }
 }

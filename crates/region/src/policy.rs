@@ -1,4 +1,27 @@
-//! Cold-page policy (placeholder being written: see the helper's spec).
+//! Cold-page policy: which resident pages leave DRAM first.
+//!
+//! Signal: faults only. A resident page read a thousand times says nothing (there are no
+//! accessed bits), and the written-page hint from `PAGEMAP_SCAN` may never come. So
+//! [`Eviction::Clock`] learns from refaults. Its clock ticks once per refault. When a page
+//! refaults, the ticks since its eviction are one sample of how long it stays away, which is
+//! exponential in its access rate. Per page it keeps up to 4 samples (then an exponential
+//! average) and estimates refaults per budget B as `(k - 0.99) / (k * mean_gap / B + 0.25)`,
+//! with gaps capped at 4 B. That is the posterior mean under a zipf-like prior: most pages
+//! are cold, so one short gap is mostly luck, and two or more are evidence.
+//! Structure: the rate (capped at 1) gives a deadline `now + 48 B rate`, and the earliest
+//! deadline goes first. A wheel of 1024 slots of intrusive lists, plus one list of expired
+//! pages, makes every operation O(1), in 12 bytes per page.
+//! Aging: a page without new evidence falls behind the pages refaulting now, so a moved hot
+//! set takes over. A written hint restarts a page's protection (at least 2 B).
+//! Never-refaulted pages have no protection and leave first, so a fill or a scan does not
+//! flush the hot set. [`Eviction::Fifo`] (umap's policy) evicts in insertion order. For both
+//! policies, an aborted eviction ([`Tracker::insert_quiet`]) goes back to the head of the queue.
+//!
+//! Measured (the simulator in the tests): N pages, B = N/4, a sequential fill, then zipf(0.99)
+//! over a random permutation; faults per access over the second half. N = 262144, 4M
+//! accesses: FIFO 0.189, Clock 0.130 (-31%). A perfect LFU that sees every hit gets 0.123
+//! (-35%). With 8M accesses Clock gets 0.125 (-34%). N = 65536: FIFO 0.209, Clock 0.136 (-35%).
+//! Hot set moved halfway: last quarter 0.149 (+10% over stationary; FIFO 0.210).
 
 /// Which pages leave DRAM first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -8,4 +31,927 @@ pub enum Eviction {
     Clock,
     /// First in, first out (umap's policy), the baseline.
     Fifo,
+}
+
+/// End of a list / no page.
+const NIL: u32 = u32::MAX;
+
+// Per-page state word (`meta`).
+const RESIDENT: u32 = 1 << 31;
+/// The page was evicted since it was last forgotten: `prev` holds its eviction tick.
+const EVICTED: u32 = 1 << 30;
+const K_SHIFT: u32 = 27;
+const K_MASK: u32 = 0b111 << K_SHIFT;
+const LIST_SHIFT: u32 = 16;
+const LIST_MASK: u32 = 0x7ff << LIST_SHIFT;
+const GAP_MASK: u32 = 0xffff;
+
+/// Slots of the deadline wheel (list ids 1..=SLOTS; list 0 is the expired list).
+const SLOTS: usize = 1024;
+const WORDS: usize = SLOTS / 64;
+/// The list of pages whose deadline has passed (and, for FIFO, the only list).
+const EXPIRED: u32 = 0;
+
+/// Gap samples kept by the estimator: the mean is exact up to this many, then an
+/// exponential average with weight 1/K_MAX.
+const K_MAX: u32 = 4;
+/// Weight of a page's first gap sample: one refault is weak evidence (most pages of a
+/// skewed workload are cold, so one short gap is more often luck than heat).
+const FIRST_WEIGHT: f32 = 0.01;
+/// Prior exposure, in units of the budget: bounds the rate estimate of a page whose gaps
+/// were all tiny.
+const PRIOR_EXPOSURE: f32 = 0.25;
+/// Gaps are capped at this many budgets (a very cold page is simply cold; an old, long gap
+/// must not outweigh the recent evidence of a page that turned hot).
+const GAP_CAP: f32 = 4.0;
+/// Protection of a page, in ticks, per unit of estimated rate (refaults per budget), times
+/// the budget. The rate is capped at 1, so no page is protected longer than this many
+/// budgets of ticks.
+const TTL_SCALE: f32 = 48.0;
+/// Protection (in budgets) of a resident page known to have been written since the last
+/// scan.
+const WRITTEN_TTL: f32 = 2.0;
+
+/// Which resident pages to evict, from fault history alone.
+pub struct Tracker {
+    kind: Eviction,
+    pages: u32,
+    resident: usize,
+    /// List links of resident pages; for an evicted page `prev` holds its eviction tick.
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    meta: Vec<u32>,
+    /// (head, tail) of the expired list (0) and of the wheel's slots (1..=SLOTS).
+    lists: Vec<(u32, u32)>,
+    /// Non-empty wheel slots (bit i: list id i + 1).
+    bits: [u64; WORDS],
+    /// The clock: refaults so far.
+    tick: u64,
+    /// Absolute wheel slot of `tick` (`tick / width`).
+    cur: u64,
+    /// Ticks per wheel slot.
+    width: u64,
+    /// The budget (resident pages when eviction was last asked for).
+    scale: f32,
+    /// Scratch for re-slotting the wheel when the budget changes (no allocation then).
+    scratch: Vec<(u32, u32)>,
+}
+
+impl Tracker {
+    /// A tracker for `pages` pages, none resident.
+    pub fn new(pages: usize, kind: Eviction) -> Tracker {
+        let pages = pages.min(NIL as usize) as u32;
+        let n = pages as usize;
+        let mut t = Tracker {
+            kind,
+            pages,
+            resident: 0,
+            prev: vec![NIL; n],
+            next: vec![NIL; n],
+            meta: vec![0; n],
+            lists: vec![(NIL, NIL); SLOTS + 1],
+            bits: [0; WORDS],
+            tick: 0,
+            cur: 0,
+            width: 1,
+            scale: 1.0,
+            scratch: vec![(NIL, NIL); SLOTS],
+        };
+        t.set_scale(n.max(1));
+        t
+    }
+
+    /// The policy.
+    pub fn kind(&self) -> Eviction {
+        self.kind
+    }
+
+    /// Resident pages.
+    pub fn resident(&self) -> usize {
+        self.resident
+    }
+
+    /// Whether `page` is resident.
+    pub fn is_resident(&self, page: u32) -> bool {
+        page < self.pages && self.meta[page as usize] & RESIDENT != 0
+    }
+
+    /// `page` became resident through a fault (an access). On a resident page: an access
+    /// hint, like [`written`](Self::written).
+    pub fn insert(&mut self, page: u32) {
+        if page >= self.pages {
+            return;
+        }
+        let i = page as usize;
+        let m = self.meta[i];
+        if m & RESIDENT != 0 {
+            self.written(page);
+            return;
+        }
+        self.resident += 1;
+        if self.kind == Eviction::Fifo {
+            self.meta[i] = RESIDENT;
+            self.push_tail(EXPIRED, page);
+            return;
+        }
+        let mut k = (m & K_MASK) >> K_SHIFT;
+        let mut gap = gap_decode(m & GAP_MASK);
+        if m & EVICTED != 0 {
+            // A refault: one more sample of the time this page stays away once evicted.
+            let d = (self.tick as u32).wrapping_sub(self.prev[i]) as f32;
+            let d = d.min(GAP_CAP * self.scale);
+            k = (k + 1).min(K_MAX);
+            gap += (d - gap) / k as f32;
+            self.advance();
+        }
+        self.meta[i] = RESIDENT | (k << K_SHIFT) | gap_encode(gap);
+        let ttl = self.ttl(k, gap);
+        self.place(page, ttl);
+    }
+
+    /// `page` is resident again because its eviction was aborted: no access, no history;
+    /// it goes back to the head of the queue it was picked from (next to be picked).
+    pub fn insert_quiet(&mut self, page: u32) {
+        if page >= self.pages || self.meta[page as usize] & RESIDENT != 0 {
+            return;
+        }
+        self.resident += 1;
+        self.meta[page as usize] |= RESIDENT;
+        self.push_head(EXPIRED, page);
+    }
+
+    /// The program dropped `page`: not resident, history forgotten.
+    pub fn remove(&mut self, page: u32) {
+        if page >= self.pages {
+            return;
+        }
+        if self.meta[page as usize] & RESIDENT != 0 {
+            self.unlink(page);
+            self.resident -= 1;
+        }
+        self.meta[page as usize] = 0;
+        self.prev[page as usize] = NIL;
+        self.next[page as usize] = NIL;
+    }
+
+    /// Hint: resident `page` was written since the last scan. Its protection restarts, at
+    /// least [`WRITTEN_TTL`] budgets.
+    pub fn written(&mut self, page: u32) {
+        if self.kind == Eviction::Fifo || !self.is_resident(page) {
+            return;
+        }
+        let m = self.meta[page as usize];
+        let ttl = self
+            .ttl((m & K_MASK) >> K_SHIFT, gap_decode(m & GAP_MASK))
+            .max(WRITTEN_TTL * self.scale);
+        self.unlink(page);
+        self.place(page, ttl);
+    }
+
+    /// Choose up to `n` resident pages to evict; they leave the resident set (with their
+    /// eviction recorded) and are pushed to `out`.
+    pub fn pick(&mut self, n: usize, out: &mut Vec<u32>) {
+        if n == 0 || self.resident == 0 {
+            return;
+        }
+        if self.kind == Eviction::Clock {
+            self.set_scale(self.resident);
+        }
+        for _ in 0..n {
+            let list = if self.lists[EXPIRED as usize].0 != NIL {
+                EXPIRED
+            } else {
+                match self.first_slot() {
+                    Some(l) => l,
+                    None => break,
+                }
+            };
+            let page = self.lists[list as usize].0;
+            self.unlink(page);
+            self.resident -= 1;
+            let i = page as usize;
+            self.meta[i] = (self.meta[i] & !(RESIDENT | LIST_MASK)) | EVICTED;
+            self.prev[i] = self.tick as u32;
+            self.next[i] = NIL;
+            out.push(page);
+        }
+    }
+
+    /// Protection in ticks for a page with `k` gap samples of mean `gap`.
+    fn ttl(&self, k: u32, gap: f32) -> f32 {
+        if k == 0 {
+            return 0.0;
+        }
+        let b = self.scale;
+        let evidence = (k - 1) as f32 + FIRST_WEIGHT;
+        let rate = evidence / (k as f32 * gap / b + PRIOR_EXPOSURE);
+        TTL_SCALE * b * rate.min(1.0)
+    }
+
+    /// Link resident `page` into the wheel by its deadline `tick + ttl`.
+    fn place(&mut self, page: u32, ttl: f32) {
+        let slot = (self.tick + ttl as u64) / self.width;
+        if slot <= self.cur {
+            self.push_tail(EXPIRED, page);
+        } else {
+            let slot = slot.min(self.cur + SLOTS as u64 - 1);
+            self.push_tail(slot_list(slot), page);
+        }
+    }
+
+    /// One more refault: the clock moves; a slot whose time has come joins the expired list.
+    fn advance(&mut self) {
+        self.tick += 1;
+        let now = self.tick / self.width;
+        while self.cur < now {
+            self.cur += 1;
+            let l = slot_list(self.cur);
+            self.splice(l, EXPIRED);
+        }
+    }
+
+    /// Budget `b`: slot width so that the wheel spans the longest protection. Re-slots the
+    /// wheel (O(SLOTS), no per-page work) when the width would change by 2x or more.
+    fn set_scale(&mut self, b: usize) {
+        self.scale = b.max(1) as f32;
+        let horizon = (TTL_SCALE as f64 * b.max(1) as f64) as u64;
+        let want = horizon.div_ceil(SLOTS as u64 - 2).max(1);
+        if want < self.width * 2 && want * 2 > self.width {
+            return;
+        }
+        let old_width = self.width;
+        let old_cur = self.cur;
+        for s in 0..SLOTS {
+            self.scratch[s] = self.lists[s + 1];
+            self.lists[s + 1] = (NIL, NIL);
+        }
+        self.bits = [0; WORDS];
+        self.width = want;
+        self.cur = self.tick / want;
+        for a in old_cur + 1..old_cur + SLOTS as u64 {
+            let (h, t) = self.scratch[(a % SLOTS as u64) as usize];
+            if h == NIL {
+                continue;
+            }
+            let slot = a * old_width / want;
+            let to = if slot <= self.cur {
+                EXPIRED
+            } else {
+                slot_list(slot.min(self.cur + SLOTS as u64 - 1))
+            };
+            self.append(to, h, t);
+        }
+    }
+
+    /// The first non-empty wheel slot after `cur`, in deadline order.
+    fn first_slot(&self) -> Option<u32> {
+        let start = ((self.cur + 1) % SLOTS as u64) as usize;
+        for step in 0..=WORDS {
+            let w = (start / 64 + step) % WORDS;
+            let mut bits = self.bits[w];
+            if step == 0 {
+                bits &= !0u64 << (start % 64);
+            } else if step == WORDS {
+                bits &= !(!0u64 << (start % 64));
+            }
+            if bits != 0 {
+                return Some((w * 64 + bits.trailing_zeros() as usize) as u32 + 1);
+            }
+        }
+        None
+    }
+
+    fn set_list(&mut self, page: u32, list: u32) {
+        let m = &mut self.meta[page as usize];
+        *m = (*m & !LIST_MASK) | (list << LIST_SHIFT);
+    }
+
+    fn mark(&mut self, list: u32, nonempty: bool) {
+        if list != EXPIRED {
+            let b = (list - 1) as usize;
+            if nonempty {
+                self.bits[b / 64] |= 1 << (b % 64);
+            } else {
+                self.bits[b / 64] &= !(1 << (b % 64));
+            }
+        }
+    }
+
+    fn push_tail(&mut self, list: u32, page: u32) {
+        self.append(list, page, page);
+    }
+
+    fn push_head(&mut self, list: u32, page: u32) {
+        let (h, t) = self.lists[list as usize];
+        self.prev[page as usize] = NIL;
+        self.next[page as usize] = h;
+        if h == NIL {
+            self.lists[list as usize] = (page, page);
+        } else {
+            self.prev[h as usize] = page;
+            self.lists[list as usize] = (page, t);
+        }
+        self.set_list(page, list);
+        self.mark(list, true);
+    }
+
+    /// Append the chain `h..=t` (linked through `next`, `prev[h]` ignored) to `list`.
+    /// Only the ends of a list carry its id: interior ids may be stale.
+    fn append(&mut self, list: u32, h: u32, t: u32) {
+        let (lh, lt) = self.lists[list as usize];
+        if h == t {
+            self.next[h as usize] = NIL;
+        }
+        if lt == NIL {
+            self.prev[h as usize] = NIL;
+            self.lists[list as usize] = (h, t);
+            self.set_list(h, list);
+        } else {
+            self.next[lt as usize] = h;
+            self.prev[h as usize] = lt;
+            self.lists[list as usize] = (lh, t);
+        }
+        self.set_list(t, list);
+        self.mark(list, true);
+    }
+
+    /// Move all of `from` to the tail of `to`.
+    fn splice(&mut self, from: u32, to: u32) {
+        let (h, t) = self.lists[from as usize];
+        if h == NIL {
+            return;
+        }
+        self.lists[from as usize] = (NIL, NIL);
+        self.mark(from, false);
+        self.append(to, h, t);
+    }
+
+    fn unlink(&mut self, page: u32) {
+        let i = page as usize;
+        let (p, q) = (self.prev[i], self.next[i]);
+        let list = (self.meta[i] & LIST_MASK) >> LIST_SHIFT;
+        if p == NIL {
+            self.lists[list as usize].0 = q;
+            if q != NIL {
+                self.prev[q as usize] = NIL;
+                self.set_list(q, list);
+            }
+        } else {
+            self.next[p as usize] = q;
+        }
+        if q == NIL {
+            self.lists[list as usize].1 = p;
+            if p != NIL {
+                self.set_list(p, list);
+            }
+        } else {
+            self.prev[q as usize] = p;
+        }
+        if p == NIL && q == NIL {
+            self.mark(list, false);
+        }
+        self.prev[i] = NIL;
+        self.next[i] = NIL;
+    }
+}
+
+/// List id of absolute wheel slot `slot`.
+fn slot_list(slot: u64) -> u32 {
+    (slot % SLOTS as u64) as u32 + 1
+}
+
+/// A mean gap, as the top half of an f32 (bfloat16: 8 bits of precision, plenty here).
+fn gap_encode(gap: f32) -> u32 {
+    (gap.max(0.0).to_bits().wrapping_add(0x8000) >> 16) & GAP_MASK
+}
+
+fn gap_decode(bits: u32) -> f32 {
+    f32::from_bits(bits << 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// splitmix64: small, seeded, deterministic.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            ((self.next() as u128 * n as u128) >> 64) as u64
+        }
+
+        fn unit(&mut self) -> f64 {
+            (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// Ranks 0..n drawn with probability proportional to 1 / (rank + 1)^s.
+    struct Zipf(Vec<f64>);
+
+    impl Zipf {
+        fn new(n: usize, s: f64) -> Zipf {
+            let mut acc = 0.0;
+            let mut cdf: Vec<f64> = (0..n)
+                .map(|i| {
+                    acc += 1.0 / ((i + 1) as f64).powf(s);
+                    acc
+                })
+                .collect();
+            cdf.iter_mut().for_each(|c| *c /= acc);
+            Zipf(cdf)
+        }
+
+        fn sample(&self, rng: &mut Rng) -> usize {
+            let u = rng.unit();
+            self.0.partition_point(|&c| c < u).min(self.0.len() - 1)
+        }
+    }
+
+    fn permutation(n: usize, rng: &mut Rng) -> Vec<u32> {
+        let mut p: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            p.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        p
+    }
+
+    /// A workload for [`simulate`].
+    #[derive(Clone)]
+    struct Scenario {
+        pages: usize,
+        budget: usize,
+        /// Zipf accesses after the sequential fill.
+        accesses: usize,
+        seed: u64,
+        /// Pages evicted per pick when the budget is full.
+        batch: usize,
+        /// A new random permutation of the ranks after half the accesses.
+        shift: bool,
+        /// Whole sequential passes over the region between the fill and the zipf accesses.
+        scans_before: usize,
+        /// A whole sequential pass every this many zipf accesses (its faults not counted).
+        scan_every: Option<usize>,
+        /// (fraction of accesses that write, accesses between two PAGEMAP_SCANs).
+        writes: Option<(f64, usize)>,
+    }
+
+    impl Scenario {
+        fn zipf(pages: usize, accesses: usize) -> Scenario {
+            Scenario {
+                pages,
+                budget: pages / 4,
+                accesses,
+                seed: 1,
+                batch: 1,
+                shift: false,
+                scans_before: 0,
+                scan_every: None,
+                writes: None,
+            }
+        }
+    }
+
+    /// Faults per zipf access: over the second half, and over the last quarter.
+    #[derive(Debug, Clone, Copy)]
+    struct Outcome {
+        half: f64,
+        last_quarter: f64,
+    }
+
+    /// The region as the policy sees it: an access to a page that is not resident faults;
+    /// at the budget, the tracker picks victims first. Checks the tracker against its own
+    /// resident set as it goes.
+    fn simulate(kind: Eviction, sc: &Scenario) -> Outcome {
+        let n = sc.pages;
+        let mut rng = Rng(sc.seed);
+        let zipf = Zipf::new(n, 0.99);
+        let first = permutation(n, &mut rng);
+        let second = permutation(n, &mut rng);
+        let mut t = Tracker::new(n, kind);
+        let mut res = vec![false; n];
+        let mut dirty = vec![false; n];
+        let mut dirty_list = Vec::new();
+        let mut out = Vec::with_capacity(sc.batch);
+        let mut resident = 0usize;
+        let mut access = |page: u32, t: &mut Tracker| -> bool {
+            let p = page as usize;
+            if res[p] {
+                return false;
+            }
+            if resident >= sc.budget {
+                out.clear();
+                t.pick(sc.batch, &mut out);
+                assert!(!out.is_empty());
+                for &v in &out {
+                    assert!(res[v as usize], "picked a page that is not resident");
+                    res[v as usize] = false;
+                    resident -= 1;
+                }
+            }
+            t.insert(page);
+            res[p] = true;
+            resident += 1;
+            true
+        };
+        for p in 0..n as u32 {
+            access(p, &mut t);
+        }
+        for _ in 0..sc.scans_before {
+            for p in 0..n as u32 {
+                access(p, &mut t);
+            }
+        }
+        let (mut half, mut quarter) = (0u64, 0u64);
+        let mut dirty_scan = Vec::new();
+        for a in 0..sc.accesses {
+            if let Some(every) = sc.scan_every {
+                if a % every == every - 1 {
+                    for p in 0..n as u32 {
+                        access(p, &mut t);
+                    }
+                }
+            }
+            let rank = zipf.sample(&mut rng);
+            let page = if sc.shift && a >= sc.accesses / 2 {
+                second[rank]
+            } else {
+                first[rank]
+            };
+            if sc.writes.is_some_and(|(f, _)| rng.unit() < f) && !dirty[page as usize] {
+                dirty[page as usize] = true;
+                dirty_list.push(page);
+            }
+            if access(page, &mut t) && a >= sc.accesses / 2 {
+                half += 1;
+                if a >= sc.accesses * 3 / 4 {
+                    quarter += 1;
+                }
+            }
+            if let Some((_, every)) = sc.writes {
+                if a % every == every - 1 {
+                    // PAGEMAP_SCAN: written and still resident since the last scan.
+                    std::mem::swap(&mut dirty_scan, &mut dirty_list);
+                    for &p in &dirty_scan {
+                        dirty[p as usize] = false;
+                        if t.is_resident(p) {
+                            t.written(p);
+                        }
+                    }
+                    dirty_scan.clear();
+                }
+            }
+        }
+        assert_eq!(t.resident(), res.iter().filter(|&&r| r).count());
+        Outcome {
+            half: half as f64 / (sc.accesses - sc.accesses / 2) as f64,
+            last_quarter: quarter as f64 / (sc.accesses - sc.accesses * 3 / 4) as f64,
+        }
+    }
+
+    /// Walks every list: links, list ids of the ends, bitmap, resident count.
+    fn check(t: &Tracker) {
+        let mut seen = 0usize;
+        for (l, &(h, tail)) in t.lists.iter().enumerate() {
+            if l > 0 {
+                let b = l - 1;
+                assert_eq!(
+                    t.bits[b / 64] >> (b % 64) & 1 == 1,
+                    h != NIL,
+                    "bitmap of {l}"
+                );
+            }
+            if h == NIL {
+                assert_eq!(tail, NIL);
+                continue;
+            }
+            assert_eq!(t.prev[h as usize], NIL);
+            assert_eq!((t.meta[h as usize] & LIST_MASK) >> LIST_SHIFT, l as u32);
+            assert_eq!((t.meta[tail as usize] & LIST_MASK) >> LIST_SHIFT, l as u32);
+            let (mut p, mut last) = (h, NIL);
+            while p != NIL {
+                assert!(t.meta[p as usize] & RESIDENT != 0);
+                assert_eq!(t.prev[p as usize], last);
+                seen += 1;
+                assert!(seen <= t.resident, "cycle or stray page");
+                last = p;
+                p = t.next[p as usize];
+            }
+            assert_eq!(last, tail);
+        }
+        assert_eq!(seen, t.resident);
+    }
+
+    #[test]
+    fn model_random_operations() {
+        for kind in [Eviction::Clock, Eviction::Fifo] {
+            for (pages, seed) in [(1usize, 1u64), (7, 2), (300, 3), (5000, 4)] {
+                let mut rng = Rng(seed);
+                let mut t = Tracker::new(pages, kind);
+                assert_eq!(t.kind(), kind);
+                let mut model = HashSet::new();
+                let mut out = Vec::new();
+                let span = pages as u64 + 3; // some pages out of range
+                for step in 0..200_000 {
+                    let page = rng.below(span) as u32;
+                    match rng.below(16) {
+                        0..=6 => {
+                            t.insert(page);
+                            if (page as usize) < pages {
+                                model.insert(page);
+                            }
+                        }
+                        7 => {
+                            t.insert_quiet(page);
+                            if (page as usize) < pages {
+                                model.insert(page);
+                            }
+                        }
+                        8 => {
+                            t.remove(page);
+                            model.remove(&page);
+                        }
+                        9 | 10 => t.written(page),
+                        _ => {
+                            let n = rng.below(8) as usize;
+                            out.clear();
+                            out.push(u32::MAX); // pick appends
+                            t.pick(n, &mut out);
+                            assert_eq!(out[0], u32::MAX);
+                            assert_eq!(out.len() - 1, n.min(model.len()));
+                            let mut got = HashSet::new();
+                            for &v in &out[1..] {
+                                assert!(model.remove(&v), "picked {v}: not resident");
+                                assert!(got.insert(v), "picked {v} twice");
+                            }
+                            // An aborted eviction now and then.
+                            if let Some(&v) = out[1..].first() {
+                                if rng.below(4) == 0 {
+                                    t.insert_quiet(v);
+                                    model.insert(v);
+                                }
+                            }
+                        }
+                    }
+                    assert_eq!(t.resident(), model.len());
+                    if step % 997 == 0 || pages < 10 {
+                        check(&t);
+                        for p in 0..span as u32 {
+                            assert_eq!(t.is_resident(p), model.contains(&p), "page {p}");
+                        }
+                    }
+                }
+                check(&t);
+            }
+        }
+    }
+
+    #[test]
+    fn ends_and_odd_inputs() {
+        let mut t = Tracker::new(0, Eviction::Clock);
+        t.insert(0);
+        t.insert_quiet(5);
+        t.written(u32::MAX);
+        t.remove(3);
+        let mut out = Vec::new();
+        t.pick(10, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(t.resident(), 0);
+        assert!(!t.is_resident(0));
+
+        let mut t = Tracker::new(16, Eviction::Clock);
+        for p in 0..16 {
+            t.insert(p);
+            t.insert(p); // again: a hint, not a duplicate
+        }
+        assert_eq!(t.resident(), 16);
+        t.pick(0, &mut out);
+        assert!(out.is_empty());
+        t.pick(100, &mut out);
+        out.sort_unstable();
+        assert_eq!(out, (0..16).collect::<Vec<_>>());
+        assert_eq!(t.resident(), 0);
+        check(&t);
+    }
+
+    #[test]
+    fn aborted_eviction_is_picked_first_again() {
+        for kind in [Eviction::Clock, Eviction::Fifo] {
+            let mut t = Tracker::new(100, kind);
+            for p in 0..100 {
+                t.insert(p);
+            }
+            let mut out = Vec::new();
+            t.pick(3, &mut out);
+            let again = out.clone();
+            for &v in out.iter().rev() {
+                t.insert_quiet(v);
+            }
+            out.clear();
+            t.pick(3, &mut out);
+            assert_eq!(out, again, "{kind:?}");
+            check(&t);
+        }
+    }
+
+    #[test]
+    fn fifo_is_insertion_order() {
+        let mut t = Tracker::new(10, Eviction::Fifo);
+        for p in [3, 1, 4, 5, 9, 2, 6] {
+            t.insert(p);
+        }
+        t.remove(4);
+        t.insert(1); // already resident: no effect on the order
+        t.written(3);
+        let mut out = Vec::new();
+        t.pick(10, &mut out);
+        assert_eq!(out, [3, 1, 5, 9, 2, 6]);
+    }
+
+    #[test]
+    fn refaulted_pages_outlive_first_touches() {
+        // A hot page that refaulted twice quickly survives a stream of new pages.
+        let mut t = Tracker::new(1000, Eviction::Clock);
+        let mut out = Vec::new();
+        for p in 0..10 {
+            t.insert(p);
+        }
+        for _ in 0..2 {
+            for _ in 0..10 {
+                out.clear();
+                t.pick(1, &mut out);
+                t.insert(out[0]);
+            }
+        }
+        for p in 10..1000 {
+            out.clear();
+            t.pick(1, &mut out);
+            t.insert(p);
+            assert!(
+                out[0] >= 10 || p < 20,
+                "hot page {} evicted by new page {p}",
+                out[0]
+            );
+        }
+        check(&t);
+    }
+
+    #[test]
+    fn budget_changes_keep_order_and_lists() {
+        // The wheel is re-slotted when the budget moves by 2x; nothing is lost.
+        let mut rng = Rng(9);
+        let mut t = Tracker::new(20_000, Eviction::Clock);
+        let mut out = Vec::new();
+        let mut res = vec![false; 20_000];
+        for budget in [10_000usize, 200, 5000, 40, 15_000, 1000] {
+            for _ in 0..50_000 {
+                let p = rng.below(20_000) as usize;
+                if res[p] {
+                    continue;
+                }
+                while t.resident() >= budget {
+                    out.clear();
+                    t.pick(1 + rng.below(64) as usize, &mut out);
+                    for &v in &out {
+                        assert!(res[v as usize]);
+                        res[v as usize] = false;
+                    }
+                }
+                t.insert(p as u32);
+                res[p] = true;
+            }
+            check(&t);
+        }
+    }
+
+    const TEST_PAGES: usize = 65_536;
+    const TEST_ACCESSES: usize = 4_000_000;
+
+    #[test]
+    fn clock_beats_fifo_on_zipf() {
+        let sc = Scenario::zipf(TEST_PAGES, TEST_ACCESSES);
+        let fifo = simulate(Eviction::Fifo, &sc);
+        let clock = simulate(Eviction::Clock, &sc);
+        let ratio = clock.half / fifo.half;
+        eprintln!(
+            "zipf(0.99) N={} B=N/4: faults/access FIFO {:.4}, Clock {:.4} ({:+.1}%)",
+            sc.pages,
+            fifo.half,
+            clock.half,
+            (ratio - 1.0) * 100.0
+        );
+        assert!(ratio <= 0.70, "Clock {clock:?} vs FIFO {fifo:?}");
+        // Evicting in batches, as the region does, changes little.
+        let batched = simulate(
+            Eviction::Clock,
+            &Scenario {
+                batch: 64,
+                ..sc.clone()
+            },
+        );
+        eprintln!("  Clock picking 64 at a time: {:.4}", batched.half);
+        assert!(batched.half <= clock.half * 1.03, "{batched:?}");
+    }
+
+    #[test]
+    fn clock_recovers_when_the_hot_set_moves() {
+        let sc = Scenario::zipf(TEST_PAGES, TEST_ACCESSES);
+        let steady = simulate(Eviction::Clock, &sc);
+        let shift = Scenario { shift: true, ..sc };
+        let clock = simulate(Eviction::Clock, &shift);
+        let fifo = simulate(Eviction::Fifo, &shift);
+        eprintln!(
+            "hot set moved at half time; last quarter: Clock {:.4} (stationary {:.4}, {:+.1}%), FIFO {:.4}",
+            clock.last_quarter,
+            steady.last_quarter,
+            (clock.last_quarter / steady.last_quarter - 1.0) * 100.0,
+            fifo.last_quarter
+        );
+        assert!(clock.last_quarter < fifo.last_quarter * 0.8);
+        assert!(clock.last_quarter <= steady.last_quarter * 1.15);
+    }
+
+    #[test]
+    fn sequential_scans_are_not_pathological() {
+        // Whole passes over the region first, then zipf.
+        let sc = Scenario {
+            scans_before: 3,
+            ..Scenario::zipf(TEST_PAGES, TEST_ACCESSES / 2)
+        };
+        let fifo = simulate(Eviction::Fifo, &sc);
+        let clock = simulate(Eviction::Clock, &sc);
+        eprintln!(
+            "3 scans then zipf: FIFO {:.4}, Clock {:.4}",
+            fifo.half, clock.half
+        );
+        assert!(clock.half <= fifo.half * 0.8, "{clock:?} vs {fifo:?}");
+        // A whole pass every 200k accesses, in the middle of zipf: the hot set survives.
+        let sc = Scenario {
+            scan_every: Some(200_000),
+            ..Scenario::zipf(TEST_PAGES, TEST_ACCESSES / 2)
+        };
+        let fifo = simulate(Eviction::Fifo, &sc);
+        let clock = simulate(Eviction::Clock, &sc);
+        eprintln!(
+            "zipf with a scan every 200k accesses: FIFO {:.4}, Clock {:.4}",
+            fifo.half, clock.half
+        );
+        assert!(clock.half <= fifo.half * 0.8, "{clock:?} vs {fifo:?}");
+    }
+
+    #[test]
+    fn written_hints_help_or_do_no_harm() {
+        let sc = Scenario::zipf(TEST_PAGES, TEST_ACCESSES / 2);
+        let plain = simulate(Eviction::Clock, &sc);
+        let hinted = simulate(
+            Eviction::Clock,
+            &Scenario {
+                writes: Some((0.3, 20_000)),
+                ..sc.clone()
+            },
+        );
+        let fifo = simulate(Eviction::Fifo, &sc);
+        eprintln!(
+            "30% writes, a scan every 20k accesses: Clock {:.4} with hints, {:.4} without; FIFO {:.4}",
+            hinted.half, plain.half, fifo.half
+        );
+        assert!(hinted.half <= plain.half * 1.02, "{hinted:?} vs {plain:?}");
+    }
+
+    /// The benchmark's scale; `cargo test -p zmem-region --lib policy -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn full_scale_figures() {
+        for accesses in [4_000_000, 8_000_000] {
+            let sc = Scenario::zipf(262_144, accesses);
+            let fifo = simulate(Eviction::Fifo, &sc);
+            let clock = simulate(Eviction::Clock, &sc);
+            let shift = Scenario {
+                shift: true,
+                ..sc.clone()
+            };
+            let fifo_shift = simulate(Eviction::Fifo, &shift);
+            let clock_shift = simulate(Eviction::Clock, &shift);
+            eprintln!(
+                "N=262144 {accesses} accesses: FIFO {:.4}, Clock {:.4} ({:+.1}%); moved hot set, last quarter: \
+                 FIFO {:.4}, Clock {:.4} (stationary {:.4})",
+                fifo.half,
+                clock.half,
+                (clock.half / fifo.half - 1.0) * 100.0,
+                fifo_shift.last_quarter,
+                clock_shift.last_quarter,
+                clock.last_quarter
+            );
+            assert!(clock.half <= fifo.half * 0.70);
+        }
+    }
 }

@@ -1,0 +1,853 @@
+//! The machinery behind a [`crate::Region`]: handler threads that read the userfaultfd and
+//! resolve faults themselves, an evictor that keeps the resident set under the budget, and the
+//! address spaces of forked children, which are served from a snapshot of the store.
+//!
+//! Locks, always taken in this order: `evict_lock` (one eviction batch at a time), then a
+//! space's `inner` (page states, policy). Neither is held across a blocking wait on the program.
+//! No thread of ours ever touches managed memory except through UFFDIO ioctls, and the one
+//! locked no-op write that unshares a page after fork (a present page: no userfault).
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use parking_lot::{Condvar, Mutex};
+use zmem_store::{PageStore, StoreConfig};
+
+use crate::policy::Tracker;
+use crate::uffd::{self, Msg, Uffd};
+use crate::{RegionError, PAGE};
+
+/// Page states (one byte per page).
+pub(crate) const ABSENT: u8 = 0; // no content: reads as zeros
+pub(crate) const RESIDENT: u8 = 1; // mapped
+pub(crate) const STORED: u8 = 2; // in the page store
+pub(crate) const STAGED: u8 = 3; // moved out into a staging slot, not yet queued to the store
+pub(crate) const FAULTING: u8 = 4; // a handler is bringing it in
+pub(crate) const POISONED: u8 = 5; // content unknown after an unsupported mremap: SIGBUS
+pub(crate) const UNMAPPED: u8 = 6; // the program unmapped it: no longer part of the region
+
+/// Pages moved out per eviction batch (also the staging area's size).
+pub(crate) const STAGING_SLOTS: usize = 64;
+
+/// An address space with region pages in it: the creator's, or a forked child's.
+pub(crate) struct Space {
+    pub uffd: Uffd,
+    pub base: usize,
+    pub pages: usize,
+    pub store: PageStore,
+    pub inner: Mutex<SpaceInner>,
+    /// The creator's space evicts; a child's is served from its snapshot only.
+    pub is_root: bool,
+    pub dead: AtomicBool,
+}
+
+pub(crate) struct SpaceInner {
+    pub state: Vec<u8>,
+    pub tracker: Option<Tracker>,
+    pub resident: usize,
+    /// Page -> staging slot, for STAGED pages.
+    pub staged: HashMap<u32, usize>,
+    pub last_fault: usize,
+    /// Address ranges the program unmapped (never unmapped again on destroy).
+    pub unmapped: Vec<(usize, usize)>,
+    pub remap_warned: bool,
+}
+
+impl Space {
+    fn page_addr(&self, idx: usize) -> usize {
+        self.base + idx * PAGE
+    }
+    fn index_of(&self, addr: usize) -> Option<usize> {
+        if addr >= self.base && addr < self.base + self.pages * PAGE {
+            Some((addr - self.base) / PAGE)
+        } else {
+            None
+        }
+    }
+}
+
+/// Counters shared by all threads of a region.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub major_faults: AtomicU64,
+    pub zero_faults: AtomicU64,
+    pub staged_faults: AtomicU64,
+    pub fault_around_pages: AtomicU64,
+    pub evictions: AtomicU64,
+    pub direct_evictions: AtomicU64,
+    pub unshared: AtomicU64,
+    pub forks: AtomicU64,
+    pub staged_now: AtomicUsize,
+}
+
+pub(crate) struct Shared {
+    pub root: Arc<Space>,
+    pub children: Mutex<Vec<Arc<Space>>>,
+    pub staging: usize,
+    pub budget_pages: AtomicUsize,
+    pub fault_around: usize,
+    pub evict_lock: Mutex<()>,
+    pub evictor_wake: Condvar,
+    pub evictor_mutex: Mutex<bool>,
+    pub stop: AtomicBool,
+    pub stop_fd: i32,
+    pub counters: Counters,
+    pub latency: Mutex<Histogram<u64>>,
+    pub store_cfg: StoreConfig,
+    pub creator_pid: u32,
+    pub zero_page: Box<[u8]>,
+}
+
+/// Outcome of an attempt to resolve a fault.
+enum Served {
+    Done,
+    /// The kernel said EAGAIN: an event (fork, remove, unmap, remap) must be read first.
+    Retry,
+}
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+impl Shared {
+    pub fn budget(&self) -> usize {
+        self.budget_pages.load(Relaxed)
+    }
+
+    /// Headroom the evictor keeps below the budget so faults rarely evict themselves.
+    fn low_water(&self) -> usize {
+        let b = self.budget();
+        b.saturating_sub((b / 32).clamp(STAGING_SLOTS, 4096))
+    }
+
+    pub fn kick_evictor(&self) {
+        let mut g = self.evictor_mutex.lock();
+        *g = true;
+        self.evictor_wake.notify_one();
+    }
+
+    // ---------------------------------------------------------------- handler threads
+
+    pub fn handler_loop(self: &Arc<Self>) {
+        let mut buf = vec![0u8; PAGE * self.fault_around.max(1)];
+        let mut msgs = [Msg::default(); 16];
+        let mut deferred: Vec<(Arc<Space>, Msg)> = Vec::new();
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut spaces: Vec<Arc<Space>> = Vec::new();
+        while !self.stop.load(Relaxed) {
+            spaces.clear();
+            spaces.push(self.root.clone());
+            spaces.extend(
+                self.children
+                    .lock()
+                    .iter()
+                    .filter(|c| !c.dead.load(Relaxed))
+                    .cloned(),
+            );
+            fds.clear();
+            fds.push(libc::pollfd {
+                fd: self.stop_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            for s in &spaces {
+                fds.push(libc::pollfd {
+                    fd: s.uffd.raw(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            let timeout = if deferred.is_empty() { 200 } else { 1 };
+            // SAFETY: fds is a valid array of pollfd of the given length.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout) };
+            if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                tracing::error!("poll on userfaultfd: {}", io::Error::last_os_error());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if self.stop.load(Relaxed) {
+                break;
+            }
+            for (i, s) in spaces.iter().enumerate() {
+                if fds[i + 1].revents == 0 {
+                    continue;
+                }
+                loop {
+                    let n = match s.uffd.read_msgs(&mut msgs) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            tracing::error!("read from userfaultfd: {e}");
+                            0
+                        }
+                    };
+                    for m in &msgs[..n] {
+                        if let Served::Retry = self.dispatch(s, m, &mut buf) {
+                            deferred.push((s.clone(), *m));
+                        }
+                    }
+                    if n < msgs.len() {
+                        break;
+                    }
+                }
+            }
+            if !deferred.is_empty() {
+                let pending = std::mem::take(&mut deferred);
+                for (s, m) in pending {
+                    if let Served::Retry = self.dispatch(&s, &m, &mut buf) {
+                        deferred.push((s, m));
+                    }
+                }
+            }
+        }
+    }
+
+    fn dispatch(self: &Arc<Self>, s: &Arc<Space>, m: &Msg, buf: &mut Vec<u8>) -> Served {
+        match m.event {
+            uffd::EVENT_PAGEFAULT => {
+                let t0 = Instant::now();
+                let r = self.serve_fault(s, m.arg1 as usize & !(PAGE - 1), m.arg0, buf);
+                if let Served::Done = r {
+                    let ns = t0.elapsed().as_nanos() as u64;
+                    let _ = self.latency.lock().record(ns.max(1));
+                }
+                r
+            }
+            uffd::EVENT_FORK => {
+                // SAFETY: the kernel installed this descriptor for us in the FORK message.
+                let child = unsafe { Uffd::from_raw(m.arg0 as u32 as i32) };
+                self.on_fork(s, child);
+                Served::Done
+            }
+            uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => {
+                self.on_remove(
+                    s,
+                    m.arg0 as usize,
+                    m.arg1 as usize,
+                    m.event == uffd::EVENT_UNMAP,
+                );
+                Served::Done
+            }
+            uffd::EVENT_REMAP => {
+                self.on_remap(s, m.arg0 as usize, m.arg1 as usize, m.arg2 as usize);
+                Served::Done
+            }
+            other => {
+                tracing::warn!("unexpected userfaultfd event {other:#x}");
+                Served::Done
+            }
+        }
+    }
+
+    /// Makes room for `n` more resident pages in the root space (direct eviction).
+    fn make_room(self: &Arc<Self>, n: usize) {
+        let budget = self.budget();
+        let resident = self.root.inner.lock().resident;
+        if resident + n > self.low_water() {
+            self.kick_evictor();
+        }
+        if resident + n > budget {
+            let want = resident + n - budget;
+            let done = self.evict(want.max(n), true);
+            self.counters
+                .direct_evictions
+                .fetch_add(done as u64, Relaxed);
+        }
+    }
+
+    fn serve_fault(
+        self: &Arc<Self>,
+        s: &Arc<Space>,
+        addr: usize,
+        flags: u64,
+        buf: &mut Vec<u8>,
+    ) -> Served {
+        let Some(idx) = s.index_of(addr) else {
+            return self.serve_foreign(s, addr);
+        };
+        if s.is_root {
+            self.make_room(self.fault_around.max(1));
+        }
+        let mut inner = s.inner.lock();
+        let st = inner.state[idx];
+        match st {
+            FAULTING => return Served::Done, // another handler maps it and wakes every waiter
+            POISONED => {
+                drop(inner);
+                if let Err(e) = s.uffd.poison(addr, PAGE) {
+                    if errno(&e) == libc::EAGAIN {
+                        return Served::Retry;
+                    }
+                    tracing::error!("poison {addr:#x}: {e}");
+                }
+                return Served::Done;
+            }
+            STAGED => {
+                let slot = inner.staged[&(idx as u32)];
+                // The slot page is present (moved there) and stays until the state changes,
+                // which needs this lock.
+                match s.uffd.copy(addr, slot as *const u8, PAGE) {
+                    Ok(()) => {}
+                    Err(e) if errno(&e) == libc::EEXIST => {
+                        let _ = s.uffd.wake(addr, PAGE);
+                    }
+                    Err(e) if errno(&e) == libc::EAGAIN => return Served::Retry,
+                    Err(e) => {
+                        tracing::error!("copy staged page {idx}: {e}");
+                        return Served::Done;
+                    }
+                }
+                inner.state[idx] = RESIDENT;
+                inner.staged.remove(&(idx as u32));
+                inner.resident += 1;
+                if let Some(t) = inner.tracker.as_mut() {
+                    t.insert(idx as u32);
+                }
+                self.counters.staged_faults.fetch_add(1, Relaxed);
+                return Served::Done;
+            }
+            _ => {}
+        }
+        // ABSENT, RESIDENT (dropped behind our back: zero, as anonymous memory reads) or STORED.
+        let sequential = idx == inner.last_fault + 1;
+        inner.last_fault = idx;
+        let max_run = if sequential {
+            self.fault_around.max(1)
+        } else {
+            1
+        };
+        let mut run = 1;
+        while run < max_run
+            && idx + run < s.pages
+            && matches!(inner.state[idx + run], ABSENT | STORED)
+        {
+            run += 1;
+        }
+        let mut kinds: Vec<u8> = inner.state[idx..idx + run].to_vec();
+        // A page mapped here that we believed resident is counted again below: take it out.
+        if st == RESIDENT {
+            inner.resident -= 1;
+            if let Some(t) = inner.tracker.as_mut() {
+                t.remove(idx as u32);
+            }
+            kinds[0] = ABSENT;
+        }
+        for k in 0..run {
+            inner.state[idx + k] = FAULTING;
+        }
+        drop(inner);
+
+        let write = flags & uffd::PAGEFAULT_FLAG_WRITE != 0;
+        let use_zero = !write && kinds.iter().all(|&k| k != STORED);
+        if !use_zero {
+            if buf.len() < run * PAGE {
+                buf.resize(run * PAGE, 0);
+            }
+            for (k, &kind) in kinds.iter().enumerate() {
+                let dst = &mut buf[k * PAGE..(k + 1) * PAGE];
+                if kind != STORED {
+                    dst.fill(0);
+                    continue;
+                }
+                if let Err(e) = s.store.read((idx + k) as u64, dst) {
+                    // Corrupt data must not become silently wrong memory: SIGBUS.
+                    tracing::error!("page {} of the region cannot be read back: {e}", idx + k);
+                    let r = s.uffd.poison(s.page_addr(idx + k), PAGE);
+                    let mut inner = s.inner.lock();
+                    for (j, &kind) in kinds.iter().enumerate() {
+                        if inner.state[idx + j] == FAULTING {
+                            inner.state[idx + j] = kind;
+                        }
+                    }
+                    if r.is_ok() {
+                        inner.state[idx + k] = POISONED;
+                        let _ = s.store.discard((idx + k) as u64);
+                    }
+                    return match r {
+                        Err(e) if errno(&e) == libc::EAGAIN => Served::Retry,
+                        _ => Served::Done,
+                    };
+                }
+            }
+        }
+        // Map the run in one call. If that fails part-way, go page by page so that each page's
+        // outcome is known exactly (a page marked resident must really be mapped).
+        let map = |at: usize, pages: usize| -> std::io::Result<()> {
+            let r = if use_zero {
+                s.uffd.zeropage(s.page_addr(at), pages * PAGE)
+            } else {
+                let off = (at - idx) * PAGE;
+                s.uffd
+                    .copy(s.page_addr(at), buf[off..].as_ptr(), pages * PAGE)
+            };
+            match r {
+                // Already present: our own earlier partial attempt. Wake whoever still waits.
+                Err(e) if errno(&e) == libc::EEXIST && pages == 1 => {
+                    s.uffd.wake(s.page_addr(at), PAGE)
+                }
+                r => r,
+            }
+        };
+        let mut mapped: u64 = if run == 64 {
+            u64::MAX
+        } else {
+            (1u64 << run) - 1
+        };
+        let mut again = false;
+        if let Err(e) = map(idx, run) {
+            mapped = 0;
+            let mut first_err = Some(e);
+            for k in 0..run {
+                let r = if run == 1 {
+                    match first_err.take() {
+                        Some(e) if errno(&e) == libc::EEXIST => map(idx, 1),
+                        Some(e) => Err(e),
+                        None => unreachable!(),
+                    }
+                } else {
+                    map(idx + k, 1)
+                };
+                match r {
+                    Ok(()) => mapped |= 1 << k,
+                    Err(e) if errno(&e) == libc::EAGAIN => again = true,
+                    Err(e) => {
+                        if errno(&e) != libc::ENOENT && errno(&e) != libc::ESRCH {
+                            tracing::error!("resolving fault at {:#x}: {e}", s.page_addr(idx + k));
+                        }
+                    }
+                }
+            }
+        }
+        let mut inner = s.inner.lock();
+        if mapped & 1 == 0 {
+            for (k, &kind) in kinds.iter().enumerate() {
+                if inner.state[idx + k] == FAULTING {
+                    inner.state[idx + k] = kind;
+                }
+            }
+            // Pages after the first that did map are handled on their own faults (EEXIST).
+            drop(inner);
+            if again {
+                return Served::Retry;
+            }
+            // Never leave the thread waiting: it retries (and fails properly if the memory is gone).
+            let _ = s.uffd.wake(addr, PAGE);
+            return Served::Done;
+        }
+        for (k, &kind) in kinds.iter().enumerate() {
+            let i = idx + k;
+            if inner.state[i] != FAULTING {
+                continue; // removed meanwhile: the kernel zaps what we mapped
+            }
+            if mapped & (1 << k) == 0 {
+                inner.state[i] = kind;
+                continue;
+            }
+            inner.state[i] = RESIDENT;
+            inner.resident += 1;
+            if let Some(t) = inner.tracker.as_mut() {
+                t.insert(i as u32);
+            }
+            if kind == STORED {
+                let _ = s.store.discard(i as u64);
+            }
+        }
+        drop(inner);
+        if kinds[0] == STORED {
+            self.counters.major_faults.fetch_add(1, Relaxed);
+        } else {
+            self.counters.zero_faults.fetch_add(1, Relaxed);
+        }
+        self.counters
+            .fault_around_pages
+            .fetch_add(run as u64 - 1, Relaxed);
+        Served::Done
+    }
+
+    /// A fault outside the region's range on our descriptor: memory that was mremapped away.
+    /// Its evicted content cannot be found by address any more; SIGBUS beats silent zeros.
+    fn serve_foreign(&self, s: &Space, addr: usize) -> Served {
+        if addr >= self.staging && addr < self.staging + STAGING_SLOTS * PAGE {
+            tracing::error!("fault in the staging area at {addr:#x} (a zmem bug); mapping zeros");
+            let _ = s.uffd.zeropage(addr, PAGE);
+            return Served::Done;
+        }
+        match s.uffd.poison(addr, PAGE) {
+            Err(e) if errno(&e) == libc::EAGAIN => Served::Retry,
+            Err(e) => {
+                tracing::error!("fault at {addr:#x} outside the region and poison failed: {e}");
+                let _ = s.uffd.wake(addr, PAGE);
+                Served::Done
+            }
+            Ok(()) => Served::Done,
+        }
+    }
+
+    fn on_remove(&self, s: &Space, start: usize, end: usize, unmap: bool) {
+        let lo = start.max(s.base);
+        let hi = end.min(s.base + s.pages * PAGE);
+        let mut inner = s.inner.lock();
+        if unmap && start < end {
+            inner.unmapped.push((start, end));
+        }
+        if lo >= hi {
+            return;
+        }
+        let first = (lo - s.base).div_ceil(PAGE).min(s.pages);
+        let last = ((hi - s.base) / PAGE).min(s.pages);
+        for i in first..last {
+            match inner.state[i] {
+                RESIDENT => {
+                    inner.resident -= 1;
+                    if let Some(t) = inner.tracker.as_mut() {
+                        t.remove(i as u32);
+                    }
+                }
+                STORED => {
+                    let _ = s.store.discard(i as u64);
+                }
+                STAGED => {
+                    // The evictor sees the state change and drops what it queued.
+                    inner.staged.remove(&(i as u32));
+                }
+                FAULTING => continue, // the program races its own access: the zap follows
+                _ => {}
+            }
+            inner.state[i] = if unmap { UNMAPPED } else { ABSENT };
+        }
+    }
+
+    fn on_remap(&self, s: &Space, from: usize, to: usize, len: usize) {
+        // mremap of region memory is not supported: pages that were evicted cannot follow the
+        // move. Drop what the old range held; anything the kernel cannot find at the new place
+        // raises SIGBUS (fault outside the range, or POISONED inside it).
+        self.on_remove(s, from, from + len, true);
+        let lo = to.max(s.base);
+        let hi = (to + len).min(s.base + s.pages * PAGE);
+        let mut inner = s.inner.lock();
+        if !inner.remap_warned {
+            inner.remap_warned = true;
+            tracing::warn!(
+                "mremap of zmem region memory ({from:#x} -> {to:#x}, {len} bytes) is not supported: \
+                 its evicted pages will raise SIGBUS at the new address"
+            );
+        }
+        if lo < hi {
+            for i in (lo - s.base) / PAGE..(hi - s.base).div_ceil(PAGE) {
+                match inner.state[i] {
+                    RESIDENT => {
+                        inner.resident -= 1;
+                        if let Some(t) = inner.tracker.as_mut() {
+                            t.remove(i as u32);
+                        }
+                    }
+                    STORED => {
+                        let _ = s.store.discard(i as u64);
+                    }
+                    STAGED => {
+                        inner.staged.remove(&(i as u32));
+                    }
+                    _ => {}
+                }
+                inner.state[i] = POISONED;
+            }
+        }
+    }
+
+    /// A FORK event: the child's pages that were not present at fork time come from a
+    /// snapshot of this space's store, so each process's later writes stay its own.
+    fn on_fork(&self, parent: &Space, child_uffd: Uffd) {
+        let _evicting = self.evict_lock.lock();
+        let inner = parent.inner.lock();
+        let child = match self.snapshot(parent, &inner, child_uffd) {
+            Ok(c) => c,
+            Err(e) => {
+                // The child cannot be served: its faults would hang. Nothing safe remains but
+                // to say so loudly; its descriptor is closed, so its faults read zeros.
+                tracing::error!("fork: cannot snapshot the region for the child: {e}");
+                return;
+            }
+        };
+        drop(inner);
+        self.children.lock().push(Arc::new(child));
+        self.counters.forks.fetch_add(1, Relaxed);
+        tracing::debug!("fork: child region space ready");
+    }
+
+    fn snapshot(
+        &self,
+        parent: &Space,
+        inner: &SpaceInner,
+        child_uffd: Uffd,
+    ) -> Result<Space, RegionError> {
+        let store = PageStore::new(self.store_cfg.clone())?;
+        let mut state = vec![ABSENT; parent.pages];
+        let mut page = vec![0u8; PAGE];
+        for (i, &st) in inner.state.iter().enumerate() {
+            match st {
+                // FAULTING pages still have their store entry (discarded only after mapping).
+                STORED | FAULTING => {
+                    parent.store.read(i as u64, &mut page)?;
+                    store.write(i as u64, &page)?;
+                    state[i] = STORED;
+                }
+                STAGED => {
+                    let slot = inner.staged[&(i as u32)];
+                    // SAFETY: a STAGED page's slot holds the moved page until the state
+                    // changes, which needs the lock our caller holds.
+                    let src = unsafe { std::slice::from_raw_parts(slot as *const u8, PAGE) };
+                    store.write(i as u64, src)?;
+                    state[i] = STORED;
+                }
+                // Present at fork time: the child has its own copy-on-write mapping.
+                RESIDENT => state[i] = RESIDENT,
+                other => state[i] = other,
+            }
+        }
+        Ok(Space {
+            uffd: child_uffd,
+            base: parent.base,
+            pages: parent.pages,
+            store,
+            inner: Mutex::new(SpaceInner {
+                state,
+                tracker: None,
+                resident: 0,
+                staged: HashMap::new(),
+                last_fault: usize::MAX - 1,
+                unmapped: Vec::new(),
+                remap_warned: false,
+            }),
+            is_root: false,
+            dead: AtomicBool::new(false),
+        })
+    }
+
+    /// Drops the spaces of children that have exited (their mm is gone: ESRCH).
+    pub fn reap_children(&self) {
+        let mut children = self.children.lock();
+        children.retain(|c| {
+            // A copy to a low address that is never part of a region: ESRCH when the child's
+            // memory is gone; otherwise an error that changes nothing.
+            let probe = c.uffd.copy(0x10000, self.zero_page.as_ptr(), PAGE);
+            let gone = matches!(&probe, Err(e) if errno(e) == libc::ESRCH);
+            if gone {
+                c.dead.store(true, Relaxed);
+            }
+            !gone
+        });
+    }
+
+    // ---------------------------------------------------------------- eviction
+
+    /// Evicts up to `want` pages (one staging batch at most); returns how many left.
+    pub fn evict(&self, want: usize, direct: bool) -> usize {
+        let s = &self.root;
+        let _g = self.evict_lock.lock();
+        let mut victims = Vec::with_capacity(STAGING_SLOTS);
+        {
+            let mut inner = s.inner.lock();
+            let n = want.min(STAGING_SLOTS).min(inner.resident);
+            if n == 0 {
+                return 0;
+            }
+            if let Some(t) = inner.tracker.as_mut() {
+                t.pick(n, &mut victims);
+            }
+            for &v in &victims {
+                debug_assert_eq!(inner.state[v as usize], RESIDENT);
+                inner.state[v as usize] = STAGED;
+            }
+            for (slot, &v) in victims.iter().enumerate() {
+                inner.staged.insert(v, self.staging + slot * PAGE);
+            }
+            inner.resident -= victims.len();
+        }
+        self.counters.staged_now.store(victims.len(), Relaxed);
+        // Move each victim out. A page still shared with a forked child (EBUSY) is unshared by
+        // a locked no-op write, which makes the kernel copy it for us, then moved.
+        let mut outcome = vec![false; victims.len()];
+        let mut aborted = false;
+        for (slot, &v) in victims.iter().enumerate() {
+            if aborted {
+                break;
+            }
+            let src = s.page_addr(v as usize);
+            let dst = self.staging + slot * PAGE;
+            let mut r = s.uffd.move_pages(dst, src, PAGE);
+            if matches!(&r, Err(e) if errno(e) == libc::EBUSY) {
+                unshare(src);
+                self.counters.unshared.fetch_add(1, Relaxed);
+                r = s.uffd.move_pages(dst, src, PAGE);
+            }
+            match r {
+                Ok(()) => outcome[slot] = true,
+                Err(e) if errno(&e) == libc::ENOENT => {
+                    // Nothing mapped: the program dropped it and the event is on its way.
+                    let mut inner = s.inner.lock();
+                    if inner.state[v as usize] == STAGED {
+                        inner.state[v as usize] = ABSENT;
+                        inner.staged.remove(&v);
+                    }
+                }
+                Err(e) => {
+                    if errno(&e) == libc::EAGAIN {
+                        aborted = true; // an event is pending (fork, remove): let it through
+                    } else {
+                        tracing::warn!("UFFDIO_MOVE of page {v}: {e}; keeping it resident");
+                    }
+                    let mut inner = s.inner.lock();
+                    if inner.state[v as usize] == STAGED {
+                        inner.state[v as usize] = RESIDENT;
+                        inner.staged.remove(&v);
+                        inner.resident += 1;
+                        if let Some(t) = inner.tracker.as_mut() {
+                            t.insert_quiet(v);
+                        }
+                    }
+                }
+            }
+        }
+        if aborted {
+            // Victims after the abort point were never moved: give them back.
+            let mut inner = s.inner.lock();
+            for (slot, &v) in victims.iter().enumerate() {
+                if !outcome[slot] && inner.state[v as usize] == STAGED {
+                    inner.state[v as usize] = RESIDENT;
+                    inner.staged.remove(&v);
+                    inner.resident += 1;
+                    if let Some(t) = inner.tracker.as_mut() {
+                        t.insert_quiet(v);
+                    }
+                }
+            }
+        }
+        // Queue the moved pages for compression (the store copies them), then settle states.
+        let mut queued = vec![false; victims.len()];
+        for (slot, &v) in victims.iter().enumerate() {
+            if !outcome[slot] {
+                continue;
+            }
+            // SAFETY: the slot holds the page we just moved there; nothing else writes it.
+            let page = unsafe {
+                std::slice::from_raw_parts((self.staging + slot * PAGE) as *const u8, PAGE)
+            };
+            match s.store.write_async(v as u64, page) {
+                Ok(()) => queued[slot] = true,
+                Err(e) => tracing::error!("storing evicted page {v}: {e}"),
+            }
+        }
+        let mut evicted = 0;
+        {
+            let mut inner = s.inner.lock();
+            for (slot, &v) in victims.iter().enumerate() {
+                if !outcome[slot] {
+                    continue;
+                }
+                let i = v as usize;
+                if inner.state[i] == STAGED && queued[slot] {
+                    inner.state[i] = STORED;
+                    inner.staged.remove(&v);
+                    evicted += 1;
+                } else if inner.state[i] == STAGED {
+                    // Could not be stored: put the page back where it was.
+                    let r = s.uffd.copy(
+                        s.page_addr(i),
+                        (self.staging + slot * PAGE) as *const u8,
+                        PAGE,
+                    );
+                    inner.staged.remove(&v);
+                    if r.is_ok() {
+                        inner.state[i] = RESIDENT;
+                        inner.resident += 1;
+                        if let Some(t) = inner.tracker.as_mut() {
+                            t.insert_quiet(v);
+                        }
+                    } else {
+                        tracing::error!("page {i} could neither be stored nor put back");
+                        inner.state[i] = POISONED;
+                    }
+                } else if queued[slot] {
+                    // Faulted back from staging, or dropped by the program, meanwhile.
+                    let _ = s.store.discard(v as u64);
+                }
+            }
+        }
+        self.counters.staged_now.store(0, Relaxed);
+        self.recycle_staging();
+        self.counters.evictions.fetch_add(evicted as u64, Relaxed);
+        let _ = direct;
+        evicted
+    }
+
+    /// Frees the staging pages. Unregistered first, so the madvise sends no REMOVE event
+    /// (which would block until a handler read it: a handler may be the one evicting).
+    fn recycle_staging(&self) {
+        let len = STAGING_SLOTS * PAGE;
+        let u = &self.root.uffd;
+        if let Err(e) = u.unregister(self.staging, len) {
+            tracing::error!("staging unregister: {e}");
+        }
+        // SAFETY: the staging area is our own mapping; its pages were all handed on.
+        unsafe { libc::madvise(self.staging as *mut _, len, libc::MADV_DONTNEED) };
+        if let Err(e) = u.register_missing(self.staging, len) {
+            tracing::error!("staging register: {e}");
+        }
+    }
+
+    pub fn evictor_loop(&self, adaptive: Option<crate::budget_loop::BudgetLoop>) {
+        let mut adaptive = adaptive;
+        let mut last_reap = Instant::now();
+        while !self.stop.load(Relaxed) {
+            if let Some(a) = adaptive.as_mut() {
+                a.tick(self, false);
+            }
+            let resident = self.root.inner.lock().resident;
+            let low = self.low_water();
+            if resident > low {
+                if self.evict(resident - low, false) == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                continue;
+            }
+            {
+                let mut g = self.evictor_mutex.lock();
+                if !*g {
+                    self.evictor_wake
+                        .wait_for(&mut g, Duration::from_millis(50));
+                }
+                *g = false;
+            }
+            if last_reap.elapsed() >= Duration::from_secs(1) {
+                last_reap = Instant::now();
+                self.reap_children();
+            }
+        }
+    }
+}
+
+/// Forces the kernel to give this process its own copy of a page shared after fork: a locked
+/// read-modify-write that changes nothing. The page is present (we only evict resident pages),
+/// so this is a copy-on-write fault the kernel handles, never a userfault.
+fn unshare(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `addr` is a mapped, writable page of our region; `lock or` with 0 leaves its
+    // value unchanged and is atomic against concurrent writers.
+    unsafe {
+        std::arch::asm!("lock or qword ptr [{0}], 0", in(reg) addr, options(nostack));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: as above; a successful compare-exchange writes the value it read.
+        let a = unsafe { std::sync::atomic::AtomicU64::from_ptr(addr as *mut u64) };
+        let v = a.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = a.compare_exchange(
+            v,
+            v,
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}

@@ -1,0 +1,355 @@
+//! The userfaultfd calls zmem uses, declared here because the libc crate does not carry the
+//! newer ones (UFFDIO_MOVE, UFFDIO_POISON). Every function is a thin, checked wrapper.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+const UFFDIO: u64 = 0xAA;
+const UFFD_API: u64 = 0xAA;
+
+const fn iowr(nr: u64, size: usize) -> u64 {
+    (3 << 30) | ((size as u64) << 16) | (UFFDIO << 8) | nr
+}
+const fn ior(nr: u64, size: usize) -> u64 {
+    (2 << 30) | ((size as u64) << 16) | (UFFDIO << 8) | nr
+}
+
+const USERFAULTFD_IOC_NEW: u64 = UFFDIO << 8;
+const UFFDIO_API: u64 = iowr(0x3F, 24);
+const UFFDIO_REGISTER: u64 = iowr(0x00, 32);
+const UFFDIO_UNREGISTER: u64 = ior(0x01, 16);
+const UFFDIO_WAKE: u64 = ior(0x02, 16);
+const UFFDIO_COPY: u64 = iowr(0x03, 40);
+const UFFDIO_ZEROPAGE: u64 = iowr(0x04, 32);
+const UFFDIO_MOVE: u64 = iowr(0x05, 40);
+const UFFDIO_POISON: u64 = iowr(0x08, 32);
+
+pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
+pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
+pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+pub const FEATURE_POISON: u64 = 1 << 14;
+pub const FEATURE_MOVE: u64 = 1 << 16;
+
+pub const EVENT_PAGEFAULT: u8 = 0x12;
+pub const EVENT_FORK: u8 = 0x13;
+pub const EVENT_REMAP: u8 = 0x14;
+pub const EVENT_REMOVE: u8 = 0x15;
+pub const EVENT_UNMAP: u8 = 0x16;
+
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
+
+const REGISTER_MODE_MISSING: u64 = 1;
+
+#[repr(C)]
+#[derive(Default)]
+struct Api {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Range {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Register {
+    range: Range,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Copy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Zeropage {
+    range: Range,
+    mode: u64,
+    zeropage: i64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Move {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Poison {
+    range: Range,
+    mode: u64,
+    updated: i64,
+}
+
+/// One message read from a userfaultfd (struct uffd_msg, 32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Msg {
+    pub event: u8,
+    _reserved1: u8,
+    _reserved2: u16,
+    _reserved3: u32,
+    /// pagefault: flags; fork: ufd (low 32 bits); remap: from; remove/unmap: start.
+    pub arg0: u64,
+    /// pagefault: address; remap: to; remove/unmap: end.
+    pub arg1: u64,
+    /// remap: len.
+    pub arg2: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<Msg>() == 32);
+
+/// How the descriptor was obtained (full mode either way: user-mode-only is never accepted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opened {
+    Device,
+    Syscall,
+}
+
+/// An initialised userfaultfd (non-blocking, close-on-exec).
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+fn ioctl<T>(fd: RawFd, req: u64, arg: &mut T) -> io::Result<()> {
+    // SAFETY: `arg` is the struct the request expects, valid for reads and writes.
+    let rc = unsafe { libc::ioctl(fd, req as _, arg as *mut T) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Why a userfaultfd could not be had.
+#[derive(Debug)]
+pub enum OpenError {
+    Permission(io::Error),
+    Unsupported(&'static str, String),
+}
+
+impl Uffd {
+    /// Opens a full-mode userfaultfd with `features`, which must all be available.
+    pub fn open(features: u64) -> Result<(Uffd, Opened), OpenError> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        let (fd, how) = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/userfaultfd")
+        {
+            Ok(dev) => {
+                // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its integer argument.
+                let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
+                if fd < 0 {
+                    return Err(OpenError::Permission(io::Error::last_os_error()));
+                }
+                (fd, Opened::Device)
+            }
+            Err(dev_err) => {
+                // The syscall without UFFD_USER_MODE_ONLY needs CAP_SYS_PTRACE (or the sysctl).
+                // SAFETY: plain syscall with integer flags.
+                let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as i32;
+                if fd < 0 {
+                    return Err(OpenError::Permission(dev_err));
+                }
+                (fd, Opened::Syscall)
+            }
+        };
+        // SAFETY: fd was just returned to us and is owned by nobody else.
+        let uffd = Uffd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        };
+        let mut api = Api {
+            api: UFFD_API,
+            features,
+            ..Default::default()
+        };
+        if let Err(e) = ioctl(uffd.raw(), UFFDIO_API, &mut api) {
+            // Ask what exists, to name what is missing.
+            let probe = Uffd::open_bare().ok().and_then(|p| {
+                let mut a = Api {
+                    api: UFFD_API,
+                    ..Default::default()
+                };
+                ioctl(p.raw(), UFFDIO_API, &mut a).ok().map(|_| a.features)
+            });
+            let missing = probe.map(|have| features & !have).unwrap_or(features);
+            return Err(OpenError::Unsupported(
+                feature_name(missing),
+                format!(
+                    "UFFDIO_API refused features {features:#x} ({e}); this kernel offers {}",
+                    probe.map_or("unknown".to_string(), |p| format!("{p:#x}"))
+                ),
+            ));
+        }
+        Ok((uffd, how))
+    }
+
+    fn open_bare() -> io::Result<Uffd> {
+        let dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/userfaultfd")?;
+        // SAFETY: as in `open`.
+        let fd = unsafe {
+            libc::ioctl(
+                dev.as_raw_fd(),
+                USERFAULTFD_IOC_NEW as _,
+                libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        Ok(Uffd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Adopts the descriptor of a forked child's userfaultfd (from a FORK event).
+    ///
+    /// # Safety
+    /// `fd` must be an open userfaultfd owned by nobody else.
+    pub unsafe fn from_raw(fd: RawFd) -> Uffd {
+        // SAFETY: the caller's contract.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Fork events hand the descriptor over blocking; every reader here polls first.
+        // SAFETY: fcntl on an owned descriptor.
+        unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+        Uffd { fd: owned }
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn register_missing(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = Register {
+            range: Range {
+                start: start as u64,
+                len: len as u64,
+            },
+            mode: REGISTER_MODE_MISSING,
+            ioctls: 0,
+        };
+        ioctl(self.raw(), UFFDIO_REGISTER, &mut r)
+    }
+
+    pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = Range {
+            start: start as u64,
+            len: len as u64,
+        };
+        ioctl(self.raw(), UFFDIO_UNREGISTER, &mut r)
+    }
+
+    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = Range {
+            start: start as u64,
+            len: len as u64,
+        };
+        ioctl(self.raw(), UFFDIO_WAKE, &mut r)
+    }
+
+    /// Copies `len` bytes from `src` (our memory) into the missing pages at `dst` and wakes
+    /// the threads waiting on them. EEXIST: a page of the range is already mapped (the pages
+    /// before it were copied).
+    pub fn copy(&self, dst: usize, src: *const u8, len: usize) -> io::Result<()> {
+        let mut c = Copy {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            ..Default::default()
+        };
+        ioctl(self.raw(), UFFDIO_COPY, &mut c)
+    }
+
+    /// Maps the shared zero page at the missing `dst` range and wakes the waiters.
+    pub fn zeropage(&self, dst: usize, len: usize) -> io::Result<()> {
+        let mut z = Zeropage {
+            range: Range {
+                start: dst as u64,
+                len: len as u64,
+            },
+            ..Default::default()
+        };
+        ioctl(self.raw(), UFFDIO_ZEROPAGE, &mut z)
+    }
+
+    /// Moves the pages at `src` to the empty `dst` (both registered with this descriptor).
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> io::Result<()> {
+        let mut m = Move {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            ..Default::default()
+        };
+        ioctl(self.raw(), UFFDIO_MOVE, &mut m)
+    }
+
+    /// Makes an access to the missing pages at `dst` raise SIGBUS (for what cannot be served).
+    pub fn poison(&self, dst: usize, len: usize) -> io::Result<()> {
+        let mut p = Poison {
+            range: Range {
+                start: dst as u64,
+                len: len as u64,
+            },
+            ..Default::default()
+        };
+        ioctl(self.raw(), UFFDIO_POISON, &mut p)
+    }
+
+    /// Reads messages without blocking; returns how many were read (0: none pending).
+    pub fn read_msgs(&self, out: &mut [Msg]) -> io::Result<usize> {
+        let size = std::mem::size_of_val(out);
+        // SAFETY: `out` is valid for `size` bytes and Msg is plain old data.
+        let n = unsafe { libc::read(self.raw(), out.as_mut_ptr().cast(), size) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(n as usize / std::mem::size_of::<Msg>())
+    }
+}
+
+fn feature_name(bits: u64) -> &'static str {
+    if bits & FEATURE_MOVE != 0 {
+        "UFFDIO_MOVE (Linux 6.8 or later)"
+    } else if bits & FEATURE_EVENT_FORK != 0 {
+        "UFFD_FEATURE_EVENT_FORK"
+    } else if bits & (FEATURE_EVENT_REMOVE | FEATURE_EVENT_UNMAP | FEATURE_EVENT_REMAP) != 0 {
+        "the REMOVE/UNMAP/REMAP events"
+    } else if bits & FEATURE_POISON != 0 {
+        "UFFDIO_POISON (Linux 6.6 or later)"
+    } else {
+        "a required feature"
+    }
+}

@@ -1,0 +1,583 @@
+//! Regions end to end: the program's view (plain memory) must stay exactly what it wrote,
+//! whatever was evicted, from many threads, across fork, through syscalls, munmap and madvise.
+//! Each test skips (with the reason) where /dev/userfaultfd cannot be opened.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zmem_engine::Policy;
+use zmem_region::{Budget, Eviction, Region, RegionConfig, RegionError, PAGE};
+
+const MIB: u64 = 1 << 20;
+
+fn region(size: u64, budget: u64) -> Option<Region> {
+    region_with(RegionConfig::new(size, Budget::Fixed(budget)))
+}
+
+fn region_with(cfg: RegionConfig) -> Option<Region> {
+    match Region::new(cfg) {
+        Ok(r) => Some(r),
+        Err(e @ RegionError::Permission { .. }) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("creating a region: {e}"),
+    }
+}
+
+/// Fills page `idx` with compressible content that depends on (idx, version).
+fn fill(page: &mut [u8], idx: usize, version: u64) {
+    let words = b"the quick brown fox jumps over the lazy dog while zmem compresses ";
+    for (i, b) in page.iter_mut().enumerate() {
+        *b = words[(i + idx * 7 + version as usize) % words.len()];
+    }
+    page[..8].copy_from_slice(&(idx as u64).to_le_bytes());
+    page[8..16].copy_from_slice(&version.to_le_bytes());
+}
+
+fn check(page: &[u8], idx: usize, version: u64) {
+    let mut want = vec![0u8; PAGE];
+    fill(&mut want, idx, version);
+    if page != &want[..] {
+        let got_idx = u64::from_le_bytes(page[..8].try_into().unwrap());
+        let got_ver = u64::from_le_bytes(page[8..16].try_into().unwrap());
+        panic!("page {idx} version {version}: found page {got_idx} version {got_ver}");
+    }
+}
+
+// The region is shared memory by design; each test gives every page one writer at a time.
+#[allow(clippy::mut_from_ref)]
+fn page_mut(r: &Region, idx: usize) -> &mut [u8] {
+    assert!((idx + 1) * PAGE <= r.len());
+    // SAFETY: within the region, which lives as long as `r`; tests give each page one writer.
+    unsafe { std::slice::from_raw_parts_mut(r.as_ptr().add(idx * PAGE), PAGE) }
+}
+
+#[test]
+fn round_trip_across_evictions() {
+    let Some(r) = region(64 * MIB, 4 * MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 1);
+    }
+    for i in (0..pages).rev() {
+        check(page_mut(&r, i), i, 1);
+    }
+    let s = r.stats();
+    assert!(s.evictions as usize >= pages - 1024, "{s:?}");
+    assert!(s.major_faults > 0);
+    assert!(
+        s.resident <= s.budget,
+        "resident {} budget {}",
+        s.resident,
+        s.budget
+    );
+    assert!(s.store.orig_data_size > 0 && s.store.mem_used_total < s.store.orig_data_size);
+    assert!(s.fault_latency.count > 0 && s.fault_latency.p50 > 0);
+}
+
+#[test]
+fn untouched_pages_read_zero_and_zero_pages_cost_nothing() {
+    let Some(r) = region(32 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        assert!(page_mut(&r, i).iter().all(|&b| b == 0));
+    }
+    let s = r.stats();
+    assert_eq!(s.major_faults, 0);
+    assert!(s.zero_faults > 0);
+    // Evicted zero pages are same-filled in the store: no pool memory.
+    assert!(s.store.mem_used_total < 64 * 1024, "{:?}", s.store);
+}
+
+#[test]
+fn fifo_and_clock_both_keep_data() {
+    for ev in [Eviction::Fifo, Eviction::Clock] {
+        for policy in [Policy::Fast, Policy::Balanced] {
+            let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
+            cfg.eviction = ev;
+            cfg.policy = policy;
+            let Some(r) = region_with(cfg) else { return };
+            let pages = r.len() / PAGE;
+            let mut ver = vec![0u64; pages];
+            let mut x = 12345u64;
+            for _ in 0..20_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = (x as usize) % pages;
+                if x & 1 == 0 {
+                    ver[i] += 1;
+                    fill(page_mut(&r, i), i, ver[i]);
+                } else if ver[i] > 0 {
+                    check(page_mut(&r, i), i, ver[i]);
+                }
+            }
+            for (i, &v) in ver.iter().enumerate() {
+                if v > 0 {
+                    check(page_mut(&r, i), i, v);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn many_threads_write_and_verify_across_evictions() {
+    let Some(r) = region(48 * MIB, 4 * MIB) else {
+        return;
+    };
+    let r = Arc::new(r);
+    let threads = 6;
+    let pages = r.len() / PAGE;
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                // Thread t owns pages t, t+threads, ...
+                let mine: Vec<usize> = (t..pages).step_by(threads).collect();
+                let mut ver = vec![0u64; mine.len()];
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+                for _ in 0..15_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let k = (x as usize) % mine.len();
+                    let i = mine[k];
+                    if x % 3 == 0 || ver[k] == 0 {
+                        ver[k] += 1;
+                        fill(page_mut(&r, i), i, ver[k]);
+                    } else {
+                        check(page_mut(&r, i), i, ver[k]);
+                    }
+                }
+                for (k, &i) in mine.iter().enumerate() {
+                    if ver[k] > 0 {
+                        check(page_mut(&r, i), i, ver[k]);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let s = r.stats();
+    assert!(s.evictions > 0 && s.major_faults > 0, "{s:?}");
+}
+
+#[test]
+fn syscalls_read_and_write_evicted_pages() {
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 3);
+    }
+    // write(2) from evicted pages into a pipe, read(2) it back into other evicted pages.
+    let mut fds = [0i32; 2];
+    // SAFETY: plain pipe creation.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    for i in 0..8 {
+        let src = page_mut(&r, i).as_ptr();
+        // SAFETY: src is a page of the region (evicted: the kernel's copy faults it in).
+        let n = unsafe { libc::write(fds[1], src.cast(), PAGE) };
+        assert_eq!(n, PAGE as isize, "write(2) from an evicted page");
+        let dst = page_mut(&r, pages - 1 - i).as_mut_ptr();
+        // SAFETY: dst is a page of the region.
+        let n = unsafe { libc::read(fds[0], dst.cast(), PAGE) };
+        assert_eq!(n, PAGE as isize, "read(2) into an evicted page");
+        check(page_mut(&r, pages - 1 - i), i, 3);
+    }
+    // SAFETY: our descriptors.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}
+
+#[test]
+fn madvise_and_munmap_inside_a_region() {
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 5);
+    }
+    // DONTNEED a range with resident and evicted pages: it must read zeros afterwards.
+    let (a, n) = (100, 300);
+    // SAFETY: a range inside the region.
+    let rc = unsafe {
+        libc::madvise(
+            r.as_ptr().add(a * PAGE).cast(),
+            n * PAGE,
+            libc::MADV_DONTNEED,
+        )
+    };
+    assert_eq!(rc, 0);
+    // Unmap a range in the middle; the rest must stay intact.
+    let (u, m) = (1000, 200);
+    // SAFETY: a range inside the region; nothing touches it afterwards.
+    let rc = unsafe { libc::munmap(r.as_ptr().add(u * PAGE).cast(), m * PAGE) };
+    assert_eq!(rc, 0);
+    for i in 0..pages {
+        if (u..u + m).contains(&i) {
+            continue;
+        }
+        let p = page_mut(&r, i);
+        if (a..a + n).contains(&i) {
+            assert!(p.iter().all(|&b| b == 0), "page {i} after DONTNEED");
+        } else {
+            check(p, i, 5);
+        }
+    }
+    // Writing the dropped pages again works and the budget still holds.
+    for i in a..a + n {
+        fill(page_mut(&r, i), i, 6);
+    }
+    for i in a..a + n {
+        check(page_mut(&r, i), i, 6);
+    }
+    let s = r.stats();
+    assert!(s.resident <= s.budget, "{s:?}");
+}
+
+#[test]
+fn exhausted_budget_waits_never_fails() {
+    // The smallest budget, six threads: every fault must evict first, none may fail.
+    let Some(r) = region(8 * MIB, 16 * PAGE as u64) else {
+        return;
+    };
+    let r = Arc::new(r);
+    let pages = r.len() / PAGE;
+    let hs: Vec<_> = (0..6)
+        .map(|t| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                for round in 1..=3u64 {
+                    for i in (t..pages).step_by(6) {
+                        fill(page_mut(&r, i), i, round);
+                    }
+                    for i in (t..pages).step_by(6) {
+                        check(page_mut(&r, i), i, round);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let s = r.stats();
+    assert!(s.direct_evictions > 0 || s.evictions > 0);
+    assert!(s.resident <= s.budget + 64 * PAGE as u64, "{s:?}");
+}
+
+#[test]
+fn set_budget_shrinks_and_grows() {
+    let Some(r) = region(32 * MIB, 16 * MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 1);
+    }
+    r.set_budget(2 * MIB).unwrap();
+    let t0 = Instant::now();
+    while r.stats().resident > 2 * MIB && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(r.stats().resident <= 2 * MIB, "{:?}", r.stats());
+    for i in 0..pages {
+        check(page_mut(&r, i), i, 1);
+    }
+    assert!(matches!(
+        r.set_budget(PAGE as u64),
+        Err(RegionError::Config(_))
+    ));
+}
+
+#[test]
+fn bad_configuration_is_refused() {
+    for cfg in [
+        RegionConfig::new(0, Budget::Fixed(MIB)),
+        RegionConfig::new(MIB, Budget::Fixed(PAGE as u64)),
+        {
+            let mut c = RegionConfig::new(MIB, Budget::Fixed(MIB));
+            c.fault_around = 0;
+            c
+        },
+        {
+            let mut c = RegionConfig::new(MIB, Budget::Fixed(MIB));
+            c.handler_threads = 0;
+            c
+        },
+        RegionConfig::new(
+            MIB,
+            Budget::Adaptive(zmem_region::AdaptiveConfig::new(8 * MIB, MIB)),
+        ),
+    ] {
+        match Region::new(cfg) {
+            Err(RegionError::Config(msg)) => assert!(!msg.is_empty()),
+            Err(RegionError::Permission { .. }) => {}
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("accepted a bad configuration"),
+        }
+    }
+}
+
+/// Fork with evicted pages on both sides: the child sees everything the parent wrote before
+/// the fork, evicted pages included; each side's later writes stay its own.
+#[test]
+fn fork_sees_evicted_pages_and_writes_stay_private() {
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 7);
+    }
+    assert!(r.stats().evictions > 0);
+    // SAFETY: the child only touches memory and calls _exit (no allocation, no locks).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = child_check(&r, pages);
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    // Parent, meanwhile: overwrite half of the pages (evicting pages shared with the child).
+    for i in (0..pages).step_by(2) {
+        fill(page_mut(&r, i), i, 8);
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "child saw wrong data (code = failing check)"
+    );
+    for i in 0..pages {
+        check(page_mut(&r, i), i, if i % 2 == 0 { 8 } else { 7 });
+    }
+    let s = r.stats();
+    assert_eq!(s.forks, 1);
+}
+
+/// Runs in the forked child: no allocation (the parent's allocator locks may be held).
+fn child_check(r: &Region, pages: usize) -> i32 {
+    let words = b"the quick brown fox jumps over the lazy dog while zmem compresses ";
+    let verify = |i: usize, version: u64| -> bool {
+        let p = page_mut(r, i);
+        if p[..8] != (i as u64).to_le_bytes() || p[8..16] != version.to_le_bytes() {
+            return false;
+        }
+        (16..PAGE).all(|k| p[k] == words[(k + i * 7 + version as usize) % words.len()])
+    };
+    for i in 0..pages {
+        if !verify(i, 7) {
+            return 10;
+        }
+    }
+    // The child's own writes, then read everything again (its writes evict nothing: a child
+    // is served from its snapshot).
+    for i in (1..pages).step_by(2) {
+        let p = page_mut(r, i);
+        p[8..16].copy_from_slice(&9u64.to_le_bytes());
+        for k in 16..PAGE {
+            p[k] = words[(k + i * 7 + 9) % words.len()];
+        }
+    }
+    for i in 0..pages {
+        if !verify(i, if i % 2 == 1 { 9 } else { 7 }) {
+            return 11;
+        }
+    }
+    0
+}
+
+/// One minute of mixed work from four threads on a zipf-like pattern, with a checksum model per
+/// thread, while the budget moves. ZMEM_SOAK_SECS shortens or lengthens it.
+#[test]
+fn soak_one_minute() {
+    let secs: u64 = std::env::var("ZMEM_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let mut cfg = RegionConfig::new(64 * MIB, Budget::Fixed(8 * MIB));
+    cfg.policy = Policy::Auto;
+    let Some(r) = region_with(cfg) else { return };
+    let r = Arc::new(r);
+    let pages = r.len() / PAGE;
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let threads = 4;
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let mine: Vec<usize> = (t..pages).step_by(threads).collect();
+                let mut ver = vec![0u64; mine.len()];
+                let mut x = 0xDEAD_BEEF_u64 + t as u64;
+                let mut ops = 0u64;
+                while Instant::now() < deadline {
+                    for _ in 0..1000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        // Skewed: low indices far more often (a hot set and a long tail).
+                        let k = ((x % mine.len() as u64) * ((x >> 40) % mine.len() as u64)
+                            / mine.len() as u64) as usize;
+                        let i = mine[k];
+                        if (x >> 20) % 4 == 0 || ver[k] == 0 {
+                            ver[k] += 1;
+                            fill(page_mut(&r, i), i, ver[k]);
+                        } else {
+                            check(page_mut(&r, i), i, ver[k]);
+                        }
+                        ops += 1;
+                    }
+                }
+                for (k, &i) in mine.iter().enumerate() {
+                    if ver[k] > 0 {
+                        check(page_mut(&r, i), i, ver[k]);
+                    }
+                }
+                ops
+            })
+        })
+        .collect();
+    // Move the budget while they run.
+    let mut big = false;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        big = !big;
+        r.set_budget(if big { 16 * MIB } else { 4 * MIB }).unwrap();
+    }
+    let ops: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    let s = r.stats();
+    eprintln!(
+        "soak: {ops} accesses, {} faults, {} evictions, p99 {} ns, ratio {:.2}",
+        s.faults(),
+        s.evictions,
+        s.fault_latency.p99,
+        s.effective_ratio()
+    );
+    assert!(s.evictions > 0 && s.major_faults > 0);
+}
+
+#[test]
+fn destroyed_while_threads_use_it() {
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let base = r.as_ptr() as usize;
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 1);
+    }
+    // The threads touch the region only through syscalls, so once it is gone they see EFAULT
+    // instead of a crash: what is tested is that destroy neither hangs nor leaves them hanging.
+    let stop = Arc::new(AtomicBool::new(false));
+    let touched = Arc::new(AtomicU64::new(0));
+    let hs: Vec<_> = (0..3)
+        .map(|t| {
+            let (stop, touched) = (stop.clone(), touched.clone());
+            std::thread::spawn(move || {
+                // SAFETY: opening /dev/zero and /dev/null.
+                let zero = unsafe { libc::open(c"/dev/zero".as_ptr(), libc::O_RDONLY) };
+                let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let p = (base + (i % pages) * PAGE) as *mut libc::c_void;
+                    // SAFETY: p may be unmapped by now: the kernel then returns EFAULT.
+                    let n = unsafe { libc::write(null, p, PAGE) };
+                    if n < 0 {
+                        break;
+                    }
+                    // SAFETY: as above.
+                    let n = unsafe { libc::read(zero, p, PAGE) };
+                    if n < 0 {
+                        break;
+                    }
+                    touched.fetch_add(1, Ordering::Relaxed);
+                    i += 7;
+                }
+                // SAFETY: our descriptors.
+                unsafe {
+                    libc::close(zero);
+                    libc::close(null);
+                }
+            })
+        })
+        .collect();
+    while touched.load(Ordering::Relaxed) < 2000 {
+        std::thread::yield_now();
+    }
+    let t0 = Instant::now();
+    drop(r);
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "destroy took {:?}",
+        t0.elapsed()
+    );
+    stop.store(true, Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+/// A non-root user without access to /dev/userfaultfd gets an error that names the device and
+/// how to grant access. Runs itself again as `nobody` (only possible as root).
+#[test]
+fn permission_error_names_the_fix() {
+    if std::env::var_os("ZMEM_TEST_AS_NOBODY").is_some() {
+        // SAFETY: dropping privileges in this single-purpose child process.
+        unsafe {
+            libc::setgid(65534);
+            libc::setuid(65534);
+        }
+        match Region::new(RegionConfig::new(MIB, Budget::Fixed(MIB))) {
+            Err(e @ RegionError::Permission { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("/dev/userfaultfd"), "{msg}");
+                assert!(
+                    msg.contains("setfacl") || msg.contains("CAP_SYS_PTRACE"),
+                    "{msg}"
+                );
+                println!("PERMISSION-ERROR-OK: {msg}");
+            }
+            Ok(_) => println!("PERMISSION-ERROR-SKIP: nobody may use userfaultfd here"),
+            Err(e) => panic!("wrong error: {e}"),
+        }
+        return;
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run a check as another user");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "permission_error_names_the_fix", "--nocapture"])
+        .env("ZMEM_TEST_AS_NOBODY", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("PERMISSION-ERROR-OK") || text.contains("PERMISSION-ERROR-SKIP"),
+        "{text}"
+    );
+}
