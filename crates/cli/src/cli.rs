@@ -57,6 +57,18 @@ pub enum BenchCommand {
     Compare(CompareArgs),
     /// Codecs on corpus blocks.
     Codecs(CodecsArgs),
+    /// A working set larger than its DRAM budget, accessed from threads: a zmem region beside
+    /// the kernel (cgroup limit, zram swap) with --kernel-zram.
+    Region(Box<crate::bench::region::RegionArgs>),
+    /// The kernel side's worker process of `bench region` (internal).
+    #[command(name = "region-worker", hide = true)]
+    RegionWorker(crate::bench::region::RegionWorkerArgs),
+    /// An adaptive budget at work: another process takes memory away and gives it back while
+    /// a region is accessed; a timeline of the budget, resident bytes and MemAvailable.
+    Adaptive(Box<crate::bench::adaptive::AdaptiveArgs>),
+    /// The memory hog of `bench adaptive` (internal).
+    #[command(hide = true)]
+    Hog(crate::bench::adaptive::HogArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -147,6 +159,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Pages(a)) => bench_pages(&a),
         Command::Bench(BenchCommand::Compare(a)) => bench::compare::run(&a),
         Command::Bench(BenchCommand::Codecs(a)) => bench::codecs::run(&a),
+        Command::Bench(BenchCommand::Region(a)) => bench::region::run(&a),
+        Command::Bench(BenchCommand::RegionWorker(a)) => bench::cgroup::worker_main(&a),
+        Command::Bench(BenchCommand::Adaptive(a)) => bench::adaptive::run(&a),
+        Command::Bench(BenchCommand::Hog(a)) => bench::adaptive::hog_main(&a),
     }
 }
 

@@ -309,6 +309,7 @@ impl Region {
                 last_fault: usize::MAX - 1,
                 unmapped: Vec::new(),
                 remap_warned: false,
+                nursery: Default::default(),
             }),
             is_root: true,
             dead: AtomicBool::new(false),
@@ -332,6 +333,7 @@ impl Region {
             // SAFETY: getpid cannot fail.
             creator_pid: unsafe { libc::getpid() } as u32,
             zero_page: vec![0u8; PAGE].into_boxed_slice(),
+            last_fault_at: Mutex::new(std::time::Instant::now()),
         });
         let interval = adaptive.as_ref().map(|a| a.interval());
         let history = adaptive.as_ref().map(|a| a.history.clone());

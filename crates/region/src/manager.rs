@@ -55,6 +55,43 @@ pub(crate) struct SpaceInner {
     /// Address ranges the program unmapped (never unmapped again on destroy).
     pub unmapped: Vec<(usize, usize)>,
     pub remap_warned: bool,
+    /// Pages faulted in most recently, not yet handed to the policy.
+    pub nursery: std::collections::VecDeque<u32>,
+}
+
+/// Pages just faulted in are held back from the policy this long (in faults): the faulting
+/// thread touches its page only after the handler returns, and the handler evicts in between,
+/// so a page must not be evictable before that access happens.
+pub(crate) const NURSERY: usize = 256;
+
+impl SpaceInner {
+    /// A page became resident through a fault: it joins the policy after [`NURSERY`] more.
+    pub fn admit(&mut self, page: u32) {
+        let Some(t) = self.tracker.as_mut() else {
+            return;
+        };
+        self.nursery.push_back(page);
+        // At most a quarter of the resident pages wait, so small budgets can still evict.
+        let cap = (self.resident / 4).clamp(1, NURSERY);
+        while self.nursery.len() > cap {
+            let p = self.nursery.pop_front().expect("non-empty");
+            if self.state[p as usize] == RESIDENT {
+                t.insert(p);
+            }
+        }
+    }
+
+    /// Hands every waiting page to the policy (when nothing else is left to evict).
+    pub fn drain_nursery(&mut self) {
+        let Some(t) = self.tracker.as_mut() else {
+            return;
+        };
+        for p in self.nursery.drain(..) {
+            if self.state[p as usize] == RESIDENT {
+                t.insert(p);
+            }
+        }
+    }
 }
 
 impl Space {
@@ -100,6 +137,7 @@ pub(crate) struct Shared {
     pub store_cfg: StoreConfig,
     pub creator_pid: u32,
     pub zero_page: Box<[u8]>,
+    pub last_fault_at: Mutex<Instant>,
 }
 
 /// Outcome of an attempt to resolve a fault.
@@ -201,6 +239,9 @@ impl Shared {
                     }
                 }
             }
+            if deferred.is_empty() {
+                self.evict_while_idle(&mut fds);
+            }
         }
     }
 
@@ -208,6 +249,7 @@ impl Shared {
         match m.event {
             uffd::EVENT_PAGEFAULT => {
                 let t0 = Instant::now();
+                *self.last_fault_at.lock() = t0;
                 let r = self.serve_fault(s, m.arg1 as usize & !(PAGE - 1), m.arg0, buf);
                 if let Served::Done = r {
                     let ns = t0.elapsed().as_nanos() as u64;
@@ -245,15 +287,35 @@ impl Shared {
     fn make_room(self: &Arc<Self>, n: usize) {
         let budget = self.budget();
         let resident = self.root.inner.lock().resident;
-        if resident + n > self.low_water() {
-            self.kick_evictor();
-        }
         if resident + n > budget {
-            let want = resident + n - budget;
-            let done = self.evict(want.max(n), true);
+            let done = self.evict(resident + n - budget, true);
             self.counters
                 .direct_evictions
                 .fetch_add(done as u64, Relaxed);
+        }
+    }
+
+    /// Between faults, a handler evicts down to the low-water mark a few pages at a time, so
+    /// faults rarely find the budget exhausted and no other thread needs waking. It stops as
+    /// soon as a message waits on any descriptor.
+    fn evict_while_idle(self: &Arc<Self>, fds: &mut [libc::pollfd]) {
+        for _ in 0..16 {
+            let resident = self.root.inner.lock().resident;
+            let low = self.low_water();
+            if resident <= low {
+                return;
+            }
+            if self.evict((resident - low).min(4), false) == 0 {
+                return;
+            }
+            for f in fds.iter_mut() {
+                f.revents = 0;
+            }
+            // SAFETY: a valid pollfd array; timeout 0 never blocks.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 0) };
+            if ready != 0 {
+                return;
+            }
         }
     }
 
@@ -268,7 +330,7 @@ impl Shared {
             return self.serve_foreign(s, addr);
         };
         if s.is_root {
-            self.make_room(self.fault_around.max(1));
+            self.make_room(1);
         }
         let mut inner = s.inner.lock();
         let st = inner.state[idx];
@@ -302,9 +364,7 @@ impl Shared {
                 inner.state[idx] = RESIDENT;
                 inner.staged.remove(&(idx as u32));
                 inner.resident += 1;
-                if let Some(t) = inner.tracker.as_mut() {
-                    t.insert(idx as u32);
-                }
+                inner.admit(idx as u32);
                 self.counters.staged_faults.fetch_add(1, Relaxed);
                 return Served::Done;
             }
@@ -313,11 +373,15 @@ impl Shared {
         // ABSENT, RESIDENT (dropped behind our back: zero, as anonymous memory reads) or STORED.
         let sequential = idx == inner.last_fault + 1;
         inner.last_fault = idx;
-        let max_run = if sequential {
+        let mut max_run = if sequential {
             self.fault_around.max(1)
         } else {
             1
         };
+        if s.is_root {
+            // Fault-around never takes the region over its budget.
+            max_run = max_run.min(self.budget().saturating_sub(inner.resident).max(1));
+        }
         let mut run = 1;
         while run < max_run
             && idx + run < s.pages
@@ -447,9 +511,7 @@ impl Shared {
             }
             inner.state[i] = RESIDENT;
             inner.resident += 1;
-            if let Some(t) = inner.tracker.as_mut() {
-                t.insert(i as u32);
-            }
+            inner.admit(i as u32);
             if kind == STORED {
                 let _ = s.store.discard(i as u64);
             }
@@ -619,6 +681,7 @@ impl Shared {
                 last_fault: usize::MAX - 1,
                 unmapped: Vec::new(),
                 remap_warned: false,
+                nursery: Default::default(),
             }),
             is_root: false,
             dead: AtomicBool::new(false),
@@ -655,6 +718,13 @@ impl Shared {
             }
             if let Some(t) = inner.tracker.as_mut() {
                 t.pick(n, &mut victims);
+            }
+            if victims.len() < n {
+                inner.drain_nursery();
+                let more = n - victims.len();
+                if let Some(t) = inner.tracker.as_mut() {
+                    t.pick(more, &mut victims);
+                }
             }
             for &v in &victims {
                 debug_assert_eq!(inner.state[v as usize], RESIDENT);
@@ -724,7 +794,7 @@ impl Shared {
                 }
             }
         }
-        // Queue the moved pages for compression (the store copies them), then settle states.
+        // Compress the moved pages into the store, then settle their states.
         let mut queued = vec![false; victims.len()];
         for (slot, &v) in victims.iter().enumerate() {
             if !outcome[slot] {
@@ -734,7 +804,9 @@ impl Shared {
             let page = unsafe {
                 std::slice::from_raw_parts((self.staging + slot * PAGE) as *const u8, PAGE)
             };
-            match s.store.write_async(v as u64, page) {
+            // Compressed here, on this thread: on two cores a hand-off to the engine's workers
+            // costs more in wake-ups and context switches than it saves.
+            match s.store.write(v as u64, page) {
                 Ok(()) => queued[slot] = true,
                 Err(e) => tracing::error!("storing evicted page {v}: {e}"),
             }
@@ -805,7 +877,14 @@ impl Shared {
                 a.tick(self, false);
             }
             let resident = self.root.inner.lock().resident;
-            let low = self.low_water();
+            // Under faults the handlers evict between faults themselves; this thread takes over
+            // when they are quiet (a lowered budget, an adaptive shrink) or fall behind.
+            let quiet = self.last_fault_at.lock().elapsed() > Duration::from_millis(20);
+            let low = if quiet {
+                self.low_water()
+            } else {
+                self.budget()
+            };
             if resident > low {
                 if self.evict(resident - low, false) == 0 {
                     std::thread::sleep(Duration::from_millis(1));

@@ -165,7 +165,10 @@ impl Tracker {
             self.advance();
         }
         self.meta[i] = RESIDENT | (k << K_SHIFT) | gap_encode(gap);
-        let ttl = self.ttl(k, gap);
+        // A page just faulted in is not yet accessed: the faulting thread runs only after the
+        // handler returns, and the handler evicts in between. Two wheel slots of protection
+        // keep it from being evicted before the access it was faulted in for.
+        let ttl = self.ttl(k, gap).max(2.0 * self.width as f32);
         self.place(page, ttl);
     }
 

@@ -1,10 +1,13 @@
 //! `zmem bench`: the page benchmark (fio-like) and its targets, the kernel's zram and zmem.
 
+pub mod adaptive;
 pub mod blockdev;
+pub mod cgroup;
 pub mod codecs;
 pub mod compare;
 pub mod corpus;
 pub mod pages;
+pub mod region;
 pub mod zmem_target;
 pub mod zram;
 
