@@ -289,7 +289,11 @@ impl Region {
                 op: "UFFDIO_REGISTER (staging)",
                 source,
             })?;
-        let store_cfg = StoreConfig::new(pages as u64, cfg.policy);
+        let mut store_cfg = StoreConfig::new(pages as u64, cfg.policy);
+        if cfg.policy == Policy::Auto {
+            // Evicted pages that stay cold are recompressed with zstd into blocks.
+            store_cfg.recompress_interval = Some(Duration::from_secs(1));
+        }
         let store = PageStore::new(store_cfg.clone())?;
         // SAFETY: plain eventfd creation.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
