@@ -300,6 +300,14 @@ impl Region {
         if stop_fd < 0 {
             return Err(os("eventfd"));
         }
+        // SAFETY: as above.
+        let gate_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if gate_fd < 0 {
+            let e = os("eventfd");
+            // SAFETY: closing the descriptor we just made.
+            unsafe { libc::close(stop_fd) };
+            return Err(e);
+        }
         let root = Space {
             uffd: fd,
             base: region.addr,
@@ -338,6 +346,10 @@ impl Region {
             creator_pid: unsafe { libc::getpid() } as u32,
             zero_page: vec![0u8; PAGE].into_boxed_slice(),
             last_fault_at: Mutex::new(std::time::Instant::now()),
+            forking: AtomicBool::new(false),
+            parked: AtomicUsize::new(0),
+            workers: cfg.handler_threads + 1,
+            gate_fd,
         });
         let interval = adaptive.as_ref().map(|a| a.interval());
         let history = adaptive.as_ref().map(|a| a.history.clone());
@@ -373,6 +385,7 @@ impl Region {
                 source,
             })?;
         region_obj.threads.push(h);
+        manager::register_for_fork(&shared);
         Ok(region_obj)
     }
 
@@ -496,8 +509,11 @@ impl Drop for Region {
             let _ = t.join();
         }
         let unmapped = shared.root.inner.lock().unmapped.clone();
-        // SAFETY: our eventfd.
-        unsafe { libc::close(shared.stop_fd) };
+        // SAFETY: our eventfds.
+        unsafe {
+            libc::close(shared.stop_fd);
+            libc::close(shared.gate_fd);
+        }
         // Closing the descriptors (last reference) wakes any thread still blocked on a fault;
         // it then finds plain anonymous memory until the range is unmapped below.
         drop(shared);

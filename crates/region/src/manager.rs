@@ -9,7 +9,10 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -138,6 +141,46 @@ pub(crate) struct Shared {
     pub creator_pid: u32,
     pub zero_page: Box<[u8]>,
     pub last_fault_at: Mutex<Instant>,
+    /// Set between the pthread_atfork prepare and parent hooks.
+    pub forking: AtomicBool,
+    /// Threads of this region parked for a fork; `workers` is how many there are.
+    pub parked: AtomicUsize,
+    pub workers: usize,
+    pub gate_fd: i32,
+}
+
+/// Faults and events a handler can hold while a fork is in progress.
+const FORK_STASH: usize = 4096;
+
+/// Every live region, for the fork hooks.
+static REGISTRY: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
+static ATFORK: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn atfork_prepare() {
+    for s in REGISTRY.lock().iter() {
+        if let Some(s) = s.upgrade() {
+            s.fork_gate_close();
+        }
+    }
+}
+
+extern "C" fn atfork_parent() {
+    for s in REGISTRY.lock().iter() {
+        if let Some(s) = s.upgrade() {
+            s.fork_gate_open();
+        }
+    }
+}
+
+/// Makes fork() park this region's threads first (see [`Shared::fork_mode`]).
+pub(crate) fn register_for_fork(shared: &Arc<Shared>) {
+    ATFORK.call_once(|| {
+        // SAFETY: registering plain extern "C" functions with no captured state.
+        unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), None) };
+    });
+    let mut r = REGISTRY.lock();
+    r.retain(|w| w.strong_count() > 0);
+    r.push(Arc::downgrade(shared));
 }
 
 /// Outcome of an attempt to resolve a fault.
@@ -173,7 +216,11 @@ impl Shared {
     pub fn handler_loop(self: &Arc<Self>) {
         let mut buf = vec![0u8; PAGE * self.fault_around.max(1)];
         let mut msgs = [Msg::default(); 16];
-        let mut deferred: Vec<(Arc<Space>, Msg)> = Vec::new();
+        // Reserved up front: while a fork is in progress this thread must not allocate (glibc
+        // holds the allocator's locks across fork; see `fork_mode`).
+        let mut deferred: Vec<(Arc<Space>, Msg)> = Vec::with_capacity(FORK_STASH);
+        let mut spare: Vec<(Arc<Space>, Msg)> = Vec::with_capacity(FORK_STASH);
+        let mut forks: Vec<(Arc<Space>, i32)> = Vec::with_capacity(64);
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut spaces: Vec<Arc<Space>> = Vec::new();
         while !self.stop.load(Relaxed) {
@@ -187,11 +234,13 @@ impl Shared {
                     .cloned(),
             );
             fds.clear();
-            fds.push(libc::pollfd {
-                fd: self.stop_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
+            for fd in [self.stop_fd, self.gate_fd] {
+                fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
             for s in &spaces {
                 fds.push(libc::pollfd {
                     fd: s.uffd.raw(),
@@ -209,8 +258,17 @@ impl Shared {
             if self.stop.load(Relaxed) {
                 break;
             }
+            if self.forking.load(Acquire) {
+                self.fork_mode(&spaces, &mut fds, &mut msgs, &mut deferred, &mut forks);
+                for (parent, fd) in forks.drain(..) {
+                    // SAFETY: the kernel installed this descriptor for us in the FORK message.
+                    let child = unsafe { Uffd::from_raw(fd) };
+                    self.on_fork(&parent, child);
+                }
+                continue;
+            }
             for (i, s) in spaces.iter().enumerate() {
-                if fds[i + 1].revents == 0 {
+                if fds[i + 2].revents == 0 {
                     continue;
                 }
                 loop {
@@ -232,8 +290,9 @@ impl Shared {
                 }
             }
             if !deferred.is_empty() {
-                let pending = std::mem::take(&mut deferred);
-                for (s, m) in pending {
+                // Swap with a spare so that both keep their reserved capacity (see fork_mode).
+                std::mem::swap(&mut deferred, &mut spare);
+                for (s, m) in spare.drain(..) {
                     if let Served::Retry = self.dispatch(&s, &m, &mut buf) {
                         deferred.push((s, m));
                     }
@@ -281,6 +340,73 @@ impl Shared {
                 Served::Done
             }
         }
+    }
+
+    /// While a fork is in progress (between our `pthread_atfork` prepare and parent hooks) a
+    /// handler only reads messages, so the kernel's FORK event (which the forking thread waits
+    /// for) is read, and allocates nothing: glibc holds the allocator's locks across fork, and a
+    /// handler blocked in malloc before reading the event would deadlock the fork. FORK events
+    /// are stashed and snapshotted after the fork returns; faults and other events wait, in
+    /// order, in `deferred` (reserved up front). No fault is resolved until the snapshot is
+    /// taken, so the child's view is the parent's memory at the fork.
+    fn fork_mode(
+        &self,
+        spaces: &[Arc<Space>],
+        fds: &mut [libc::pollfd],
+        msgs: &mut [Msg],
+        deferred: &mut Vec<(Arc<Space>, Msg)>,
+        forks: &mut Vec<(Arc<Space>, i32)>,
+    ) {
+        self.parked.fetch_add(1, AcqRel);
+        while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
+            for f in fds.iter_mut() {
+                f.revents = 0;
+            }
+            // SAFETY: a valid pollfd array.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 5) };
+            for (i, s) in spaces.iter().enumerate() {
+                if fds[i + 2].revents == 0 {
+                    continue;
+                }
+                // Pushes stay within the capacity reserved up front (one fault per blocked
+                // thread: FORK_STASH is far above any thread count zmem serves).
+                loop {
+                    let n = s.uffd.read_msgs(msgs).unwrap_or(0);
+                    for m in &msgs[..n] {
+                        if m.event == uffd::EVENT_FORK {
+                            forks.push((s.clone(), m.arg0 as u32 as i32));
+                        } else {
+                            deferred.push((s.clone(), *m));
+                        }
+                    }
+                    if n < msgs.len() {
+                        break;
+                    }
+                }
+            }
+        }
+        self.parked.fetch_sub(1, AcqRel);
+    }
+
+    /// pthread_atfork prepare: park every handler and the evictor (bounded wait).
+    pub fn fork_gate_close(&self) {
+        self.forking.store(true, Release);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(self.gate_fd, (&one as *const u64).cast(), 8) };
+        self.kick_evictor();
+        let t0 = Instant::now();
+        while self.parked.load(Acquire) < self.workers && t0.elapsed() < Duration::from_secs(2) {
+            std::thread::yield_now();
+        }
+        let mut v = 0u64;
+        // SAFETY: draining our eventfd (non-blocking).
+        unsafe { libc::read(self.gate_fd, (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// pthread_atfork parent: let them go.
+    pub fn fork_gate_open(&self) {
+        self.forking.store(false, Release);
     }
 
     /// Makes room for `n` more resident pages in the root space (direct eviction).
@@ -873,6 +999,14 @@ impl Shared {
         let mut adaptive = adaptive;
         let mut last_reap = Instant::now();
         while !self.stop.load(Relaxed) {
+            if self.forking.load(Acquire) {
+                self.parked.fetch_add(1, AcqRel);
+                while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                self.parked.fetch_sub(1, AcqRel);
+                continue;
+            }
             if let Some(a) = adaptive.as_mut() {
                 a.tick(self, false);
             }
