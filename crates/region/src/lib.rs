@@ -11,7 +11,6 @@ mod manager;
 pub mod policy;
 mod uffd;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -313,16 +312,10 @@ impl Region {
             base: region.addr,
             pages,
             store,
-            inner: Mutex::new(SpaceInner {
-                state: vec![manager::ABSENT; pages],
-                tracker: Some(Tracker::new(pages, cfg.eviction)),
-                resident: 0,
-                staged: HashMap::new(),
-                last_fault: usize::MAX - 1,
-                unmapped: Vec::new(),
-                remap_warned: false,
-                nursery: Default::default(),
-            }),
+            inner: Mutex::new(SpaceInner::new(
+                vec![manager::ABSENT; pages],
+                Some(Tracker::new(pages, cfg.eviction)),
+            )),
             is_root: true,
             dead: AtomicBool::new(false),
         };

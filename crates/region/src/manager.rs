@@ -68,6 +68,19 @@ pub(crate) struct SpaceInner {
 pub(crate) const NURSERY: usize = 256;
 
 impl SpaceInner {
+    pub fn new(state: Vec<u8>, tracker: Option<Tracker>) -> SpaceInner {
+        SpaceInner {
+            state,
+            tracker,
+            resident: 0,
+            staged: HashMap::new(),
+            last_fault: usize::MAX - 1,
+            unmapped: Vec::new(),
+            remap_warned: false,
+            nursery: Default::default(),
+        }
+    }
+
     /// A page became resident through a fault: it joins the policy after [`NURSERY`] more.
     pub fn admit(&mut self, page: u32) {
         let Some(t) = self.tracker.as_mut() else {
@@ -82,6 +95,27 @@ impl SpaceInner {
                 t.insert(p);
             }
         }
+    }
+
+    /// The program dropped page `i` (or its content became unknown): release what it held and
+    /// give it state `to`. A STAGED page's evictor sees the change and drops what it stored.
+    pub fn forget(&mut self, store: &PageStore, i: usize, to: u8) {
+        match self.state[i] {
+            RESIDENT => {
+                self.resident -= 1;
+                if let Some(t) = self.tracker.as_mut() {
+                    t.remove(i as u32);
+                }
+            }
+            STORED => {
+                let _ = store.discard(i as u64);
+            }
+            STAGED => {
+                self.staged.remove(&(i as u32));
+            }
+            _ => {}
+        }
+        self.state[i] = to;
     }
 
     /// Hands every waiting page to the policy (when nothing else is left to evict).
@@ -686,24 +720,10 @@ impl Shared {
         let first = (lo - s.base).div_ceil(PAGE).min(s.pages);
         let last = ((hi - s.base) / PAGE).min(s.pages);
         for i in first..last {
-            match inner.state[i] {
-                RESIDENT => {
-                    inner.resident -= 1;
-                    if let Some(t) = inner.tracker.as_mut() {
-                        t.remove(i as u32);
-                    }
-                }
-                STORED => {
-                    let _ = s.store.discard(i as u64);
-                }
-                STAGED => {
-                    // The evictor sees the state change and drops what it queued.
-                    inner.staged.remove(&(i as u32));
-                }
-                FAULTING => continue, // the program races its own access: the zap follows
-                _ => {}
+            if inner.state[i] == FAULTING {
+                continue; // the program races its own access: the zap follows
             }
-            inner.state[i] = if unmap { UNMAPPED } else { ABSENT };
+            inner.forget(&s.store, i, if unmap { UNMAPPED } else { ABSENT });
         }
     }
 
@@ -724,22 +744,7 @@ impl Shared {
         }
         if lo < hi {
             for i in (lo - s.base) / PAGE..(hi - s.base).div_ceil(PAGE) {
-                match inner.state[i] {
-                    RESIDENT => {
-                        inner.resident -= 1;
-                        if let Some(t) = inner.tracker.as_mut() {
-                            t.remove(i as u32);
-                        }
-                    }
-                    STORED => {
-                        let _ = s.store.discard(i as u64);
-                    }
-                    STAGED => {
-                        inner.staged.remove(&(i as u32));
-                    }
-                    _ => {}
-                }
-                inner.state[i] = POISONED;
+                inner.forget(&s.store, i, POISONED);
             }
         }
     }
@@ -799,16 +804,7 @@ impl Shared {
             base: parent.base,
             pages: parent.pages,
             store,
-            inner: Mutex::new(SpaceInner {
-                state,
-                tracker: None,
-                resident: 0,
-                staged: HashMap::new(),
-                last_fault: usize::MAX - 1,
-                unmapped: Vec::new(),
-                remap_warned: false,
-                nursery: Default::default(),
-            }),
+            inner: Mutex::new(SpaceInner::new(state, None)),
             is_root: false,
             dead: AtomicBool::new(false),
         })
