@@ -448,7 +448,7 @@ impl Shared {
         let budget = self.budget();
         let resident = self.root.inner.lock().resident;
         if resident + n > budget {
-            let done = self.evict(resident + n - budget, true);
+            let done = self.evict(resident + n - budget);
             self.counters
                 .direct_evictions
                 .fetch_add(done as u64, Relaxed);
@@ -465,7 +465,7 @@ impl Shared {
             if resident <= low {
                 return;
             }
-            if self.evict((resident - low).min(4), false) == 0 {
+            if self.evict((resident - low).min(4)) == 0 {
                 return;
             }
             for f in fds.iter_mut() {
@@ -549,7 +549,10 @@ impl Shared {
         {
             run += 1;
         }
-        let mut kinds: Vec<u8> = inner.state[idx..idx + run].to_vec();
+        // No allocation per fault: a run is at most 64 pages (fault_around is checked).
+        let mut kinds_buf = [ABSENT; 64];
+        kinds_buf[..run].copy_from_slice(&inner.state[idx..idx + run]);
+        let kinds = &mut kinds_buf[..run];
         // A page mapped here that we believed resident is counted again below: take it out.
         if st == RESIDENT {
             inner.resident -= 1;
@@ -828,7 +831,7 @@ impl Shared {
     // ---------------------------------------------------------------- eviction
 
     /// Evicts up to `want` pages (one staging batch at most); returns how many left.
-    pub fn evict(&self, want: usize, direct: bool) -> usize {
+    pub fn evict(&self, want: usize) -> usize {
         let s = &self.root;
         let _g = self.evict_lock.lock();
         let mut victims = Vec::with_capacity(STAGING_SLOTS);
@@ -860,7 +863,7 @@ impl Shared {
         self.counters.staged_now.store(victims.len(), Relaxed);
         // Move each victim out. A page still shared with a forked child (EBUSY) is unshared by
         // a locked no-op write, which makes the kernel copy it for us, then moved.
-        let mut outcome = vec![false; victims.len()];
+        let mut outcome = [false; STAGING_SLOTS];
         let mut aborted = false;
         for (slot, &v) in victims.iter().enumerate() {
             if aborted {
@@ -917,7 +920,7 @@ impl Shared {
             }
         }
         // Compress the moved pages into the store, then settle their states.
-        let mut queued = vec![false; victims.len()];
+        let mut queued = [false; STAGING_SLOTS];
         for (slot, &v) in victims.iter().enumerate() {
             if !outcome[slot] {
                 continue;
@@ -972,7 +975,6 @@ impl Shared {
         self.counters.staged_now.store(0, Relaxed);
         self.recycle_staging();
         self.counters.evictions.fetch_add(evicted as u64, Relaxed);
-        let _ = direct;
         evicted
     }
 
@@ -1016,7 +1018,7 @@ impl Shared {
                 self.budget()
             };
             if resident > low {
-                if self.evict(resident - low, false) == 0 {
+                if self.evict(resident - low) == 0 {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 continue;
