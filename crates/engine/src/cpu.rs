@@ -42,28 +42,26 @@ impl CpuBackend {
         for i in 0..workers {
             let rx: Receiver<Task> = rx.clone();
             let counters = counters.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("zmem-cpu-{i}"))
-                .spawn(move || {
-                    // recv() sleeps while the queue is empty and ends when every sender is gone.
-                    while let Ok(Task { jobs, sink }) = rx.recv() {
-                        for job in jobs {
-                            let result = compress_on_cpu(
-                                &counters,
-                                job.codec,
-                                job.dict.as_deref(),
-                                &job.input,
-                                reject_ratio,
-                            );
-                            sink(Completion {
-                                job,
-                                result,
-                                backend: "cpu",
-                            });
-                        }
+            let h = crate::thread::spawn(format!("zmem-cpu-{i}"), move || {
+                // recv() sleeps while the queue is empty and ends when every sender is gone.
+                while let Ok(Task { jobs, sink }) = rx.recv() {
+                    for job in jobs {
+                        let result = compress_on_cpu(
+                            &counters,
+                            job.codec,
+                            job.dict.as_deref(),
+                            &job.input,
+                            reject_ratio,
+                        );
+                        sink(Completion {
+                            job,
+                            result,
+                            backend: "cpu",
+                        });
                     }
-                })
-                .map_err(|e| EngineError::Config(format!("cannot start a CPU worker: {e}")))?;
+                }
+            })
+            .map_err(|e| EngineError::Config(format!("cannot start a CPU worker: {e}")))?;
             handles.push(h);
         }
         Ok(CpuBackend {

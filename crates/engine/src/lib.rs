@@ -11,6 +11,7 @@
 mod backend;
 mod cpu;
 mod policy;
+pub mod thread;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -54,6 +54,9 @@ pub struct RegionConfig {
     pub fault_around: usize,
     /// Threads reading the userfaultfd (each resolves the faults it reads).
     pub handler_threads: usize,
+    /// Bytes of DRAM the compressed pages may use (zram's mem_limit); None = unlimited. When
+    /// the store is full, pages that cannot be evicted stay resident beyond the budget.
+    pub store_limit: Option<u64>,
 }
 
 impl RegionConfig {
@@ -65,6 +68,7 @@ impl RegionConfig {
             eviction: Eviction::Clock,
             fault_around: 16,
             handler_threads: 1,
+            store_limit: None,
         }
     }
 }
@@ -129,6 +133,8 @@ pub struct RegionStats {
     /// Pages that were shared with a forked child and had to be unshared before moving out.
     pub unshared: u64,
     pub forks: u64,
+    /// Evicted pages the store refused because it was full (they stayed resident).
+    pub store_refused: u64,
     /// Fault resolution latency.
     pub fault_latency: Latency,
     /// The page store under the region (zram mm_stat meanings).
@@ -289,6 +295,7 @@ impl Region {
                 source,
             })?;
         let mut store_cfg = StoreConfig::new(pages as u64, cfg.policy);
+        store_cfg.mem_limit = cfg.store_limit;
         if cfg.policy == Policy::Auto {
             // Evicted pages that stay cold are recompressed with zstd into blocks.
             store_cfg.recompress_interval = Some(Duration::from_secs(1));
@@ -340,6 +347,7 @@ impl Region {
             zero_page: vec![0u8; PAGE].into_boxed_slice(),
             last_fault_at: Mutex::new(std::time::Instant::now()),
             forking: AtomicBool::new(false),
+            store_full: AtomicBool::new(false),
             parked: AtomicUsize::new(0),
             workers: cfg.handler_threads + 1,
             gate_fd,
@@ -360,9 +368,7 @@ impl Region {
         }
         for i in 0..cfg.handler_threads {
             let s = shared.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("zmem-fault-{i}"))
-                .spawn(move || s.handler_loop())
+            let h = zmem_engine::thread::spawn(format!("zmem-fault-{i}"), move || s.handler_loop())
                 .map_err(|source| RegionError::Os {
                     op: "spawn fault handler",
                     source,
@@ -370,13 +376,11 @@ impl Region {
             region_obj.threads.push(h);
         }
         let s = shared.clone();
-        let h = std::thread::Builder::new()
-            .name("zmem-evict".into())
-            .spawn(move || s.evictor_loop(adaptive))
+        let h = zmem_engine::thread::spawn("zmem-evict".into(), move || s.evictor_loop(adaptive))
             .map_err(|source| RegionError::Os {
-                op: "spawn evictor",
-                source,
-            })?;
+            op: "spawn evictor",
+            source,
+        })?;
         region_obj.threads.push(h);
         manager::register_for_fork(&shared);
         Ok(region_obj)
@@ -432,6 +436,7 @@ impl Region {
             direct_evictions: c.direct_evictions.load(Relaxed),
             unshared: c.unshared.load(Relaxed),
             forks: c.forks.load(Relaxed),
+            store_refused: c.store_refused.load(Relaxed),
             fault_latency,
             store: sh.root.store.stats(),
         }
@@ -440,6 +445,33 @@ impl Region {
     /// Clears the fault latency histogram (e.g. between the fill and the measured phase).
     pub fn reset_latency(&self) {
         self.shared().latency.lock().reset();
+    }
+
+    /// Keeps the pages of `[offset, offset + len)` (bytes from the start, widened to whole
+    /// pages) in DRAM once they are faulted in: they count against the budget but are never
+    /// evicted. For memory that the threads serving the region may touch themselves (an
+    /// allocator's metadata inside the region), which must never fault.
+    pub fn pin(&self, offset: usize, len: usize) -> Result<(), RegionError> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.len)
+            .ok_or_else(|| {
+                RegionError::Config(format!(
+                    "pin range {offset}+{len} is outside the region of {} bytes",
+                    self.len
+                ))
+            })?;
+        let (first, last) = ((offset / PAGE) as u32, end.div_ceil(PAGE) as u32);
+        let sh = self.shared();
+        let mut inner = sh.root.inner.lock();
+        inner.pinned.push((first, last));
+        inner.nursery.retain(|&p| !(first..last).contains(&p));
+        if let Some(t) = inner.tracker.as_mut() {
+            for p in first..last {
+                t.remove(p);
+            }
+        }
+        Ok(())
     }
 
     /// Current budget in bytes.

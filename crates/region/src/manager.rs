@@ -60,6 +60,8 @@ pub(crate) struct SpaceInner {
     pub remap_warned: bool,
     /// Pages faulted in most recently, not yet handed to the policy.
     pub nursery: std::collections::VecDeque<u32>,
+    /// Page ranges `[start, end)` that are never evicted once resident (see `Region::pin`).
+    pub pinned: Vec<(u32, u32)>,
 }
 
 /// Pages just faulted in are held back from the policy this long (in faults): the faulting
@@ -78,11 +80,19 @@ impl SpaceInner {
             unmapped: Vec::new(),
             remap_warned: false,
             nursery: Default::default(),
+            pinned: Vec::new(),
         }
+    }
+
+    pub fn is_pinned(&self, page: u32) -> bool {
+        self.pinned.iter().any(|&(a, b)| (a..b).contains(&page))
     }
 
     /// A page became resident through a fault: it joins the policy after [`NURSERY`] more.
     pub fn admit(&mut self, page: u32) {
+        if self.is_pinned(page) {
+            return;
+        }
         let Some(t) = self.tracker.as_mut() else {
             return;
         };
@@ -156,6 +166,8 @@ pub(crate) struct Counters {
     pub unshared: AtomicU64,
     pub forks: AtomicU64,
     pub staged_now: AtomicUsize,
+    /// Evicted pages the store refused (its memory limit), put back resident.
+    pub store_refused: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -177,6 +189,8 @@ pub(crate) struct Shared {
     pub last_fault_at: Mutex<Instant>,
     /// Set between the pthread_atfork prepare and parent hooks.
     pub forking: AtomicBool,
+    /// The store refused a page since the last one it took (warned once per episode).
+    pub store_full: AtomicBool,
     /// Threads of this region parked for a fork; `workers` is how many there are.
     pub parked: AtomicUsize,
     pub workers: usize,
@@ -932,8 +946,20 @@ impl Shared {
             // Compressed here, on this thread: on two cores a hand-off to the engine's workers
             // costs more in wake-ups and context switches than it saves.
             match s.store.write(v as u64, page) {
-                Ok(()) => queued[slot] = true,
-                Err(e) => tracing::error!("storing evicted page {v}: {e}"),
+                Ok(()) => {
+                    queued[slot] = true;
+                    if self.store_full.load(Relaxed) {
+                        self.store_full.store(false, Relaxed);
+                    }
+                }
+                Err(e) => {
+                    // A full store (its memory limit) is expected under pressure: say it once
+                    // per episode, not once per page.
+                    if !self.store_full.swap(true, Relaxed) {
+                        tracing::warn!("cannot store evicted pages, they stay resident: {e}");
+                    }
+                    self.counters.store_refused.fetch_add(1, Relaxed);
+                }
             }
         }
         let mut evicted = 0;

@@ -1,0 +1,58 @@
+//! Threads zmem starts. An embedder that must tell zmem's own threads from the program's (the
+//! preload library routes their allocations away from the program's compressed heap) installs a
+//! hook that every zmem thread runs first, before it allocates anything.
+
+use std::io;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::thread::JoinHandle;
+
+static START_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Installs `hook`, run at the start of every thread zmem spawns from now on (one hook per
+/// process; a later call replaces it).
+pub fn set_start_hook(hook: fn()) {
+    START_HOOK.store(hook as *mut (), Ordering::Release);
+}
+
+/// Runs the start hook, if any, on the calling thread.
+pub fn run_start_hook() {
+    let p = START_HOOK.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: only ever set from a `fn()` in set_start_hook.
+        let hook: fn() = unsafe { std::mem::transmute::<*mut (), fn()>(p) };
+        hook();
+    }
+}
+
+/// Spawns a named zmem thread that runs the start hook before `f`.
+pub fn spawn<F, T>(name: String, f: F) -> io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    std::thread::Builder::new().name(name).spawn(move || {
+        run_start_hook();
+        f()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static RAN: AtomicUsize = AtomicUsize::new(0);
+    fn count() {
+        RAN.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn hook_runs_on_spawned_threads_before_the_body() {
+        super::set_start_hook(count);
+        let before = RAN.load(Ordering::SeqCst);
+        let seen = super::spawn("zmem-test".into(), || RAN.load(Ordering::SeqCst))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(seen > before, "the hook ran before the thread's body");
+    }
+}

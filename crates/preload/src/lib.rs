@@ -1,0 +1,232 @@
+//! `libzmem_preload.so`: with `LD_PRELOAD`, an unmodified program's heap lives in a zmem
+//! region. It exports the C allocator (malloc, free, calloc, realloc, posix_memalign,
+//! aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size, reallocarray) and jemalloc's
+//! extended API (mallocx & co., nallocx, mallctl, malloc_stats_print), all served by mimalloc 3
+//! from an arena over the region, so the program's cold pages are compressed and a touch brings
+//! them back. Configuration: the `ZMEM_*` variables (zmem_runenv), normally set by `zmem run`.
+//!
+//! Why interposition and not jemalloc's extent hooks: one allocator serves every program the
+//! same way (glibc-malloc programs such as memcached and jemalloc programs such as Debian's
+//! redis-server), the heap's layout is mimalloc's (size-segregated pages, so an object's cold
+//! neighbours compress together), and nothing depends on which jemalloc a program was built
+//! with. jemalloc's own API is answered consistently from the same heap (docs/DESIGN-NOTES.md,
+//! "The preload library").
+//!
+//! Rules that keep it safe: nothing here panics across the C boundary (every entry point is
+//! either panic-free or catches); zmem's own threads and the thread that starts zmem allocate
+//! from an internal heap that is not in the region, so they never fault on memory they serve;
+//! fork is handled by the region (pthread_atfork + the userfaultfd FORK event).
+
+mod heap;
+mod jemalloc;
+mod logging;
+mod mi;
+mod runtime;
+mod server;
+
+use std::ffi::c_void;
+
+#[global_allocator]
+static GLOBAL: heap::InternalAlloc = heap::InternalAlloc;
+
+/// Starts zmem when the library is loaded, before the program's main (unless a malloc came
+/// first, which starts it then).
+#[used]
+#[link_section = ".init_array"]
+static START: extern "C" fn() = {
+    extern "C" fn start() {
+        runtime::start();
+    }
+    start
+};
+
+const PAGE: usize = 4096;
+
+#[inline]
+unsafe fn alloc(size: usize) -> *mut c_void {
+    match runtime::program_heap() {
+        Some(h) => mi::mi_heap_malloc(h, size),
+        None => mi::mi_malloc(size),
+    }
+}
+
+#[inline]
+unsafe fn alloc_zeroed(size: usize) -> *mut c_void {
+    match runtime::program_heap() {
+        Some(h) => mi::mi_heap_zalloc(h, size),
+        None => mi::mi_zalloc(size),
+    }
+}
+
+#[inline]
+unsafe fn alloc_aligned(size: usize, align: usize, zero: bool) -> *mut c_void {
+    match (runtime::program_heap(), zero) {
+        (Some(h), false) => mi::mi_heap_malloc_aligned(h, size, align),
+        (Some(h), true) => mi::mi_heap_zalloc_aligned(h, size, align),
+        (None, false) => mi::mi_malloc_aligned(size, align),
+        (None, true) => mi::mi_zalloc_aligned(size, align),
+    }
+}
+
+#[inline]
+unsafe fn resize(p: *mut c_void, size: usize) -> *mut c_void {
+    match runtime::program_heap() {
+        Some(h) => mi::mi_heap_realloc(h, p, size),
+        None => mi::mi_realloc(p, size),
+    }
+}
+
+#[inline]
+unsafe fn resize_aligned(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
+    match runtime::program_heap() {
+        Some(h) => mi::mi_heap_realloc_aligned(h, p, size, align),
+        None => mi::mi_realloc_aligned(p, size, align),
+    }
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: errno is thread local.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// # Safety
+/// C's malloc.
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    alloc(size)
+}
+
+/// # Safety
+/// C's calloc.
+#[no_mangle]
+pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
+    match count.checked_mul(size) {
+        Some(n) => alloc_zeroed(n),
+        None => {
+            set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// C's realloc (glibc's behaviour: size 0 frees and returns NULL).
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        return alloc(size);
+    }
+    if size == 0 {
+        mi::mi_free(p);
+        return std::ptr::null_mut();
+    }
+    resize(p, size)
+}
+
+/// # Safety
+/// glibc's reallocarray.
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
+    match count.checked_mul(size) {
+        Some(n) => realloc(p, n),
+        None => {
+            set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// C's free.
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    mi::mi_free(p)
+}
+
+/// # Safety
+/// The old name of free.
+#[no_mangle]
+pub unsafe extern "C" fn cfree(p: *mut c_void) {
+    mi::mi_free(p)
+}
+
+/// # Safety
+/// POSIX posix_memalign.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    if out.is_null() {
+        return libc::EINVAL;
+    }
+    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+        return libc::EINVAL;
+    }
+    let p = alloc_aligned(size, align, false);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    *out = p;
+    0
+}
+
+/// # Safety
+/// C11 aligned_alloc.
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    alloc_aligned(size, align, false)
+}
+
+/// # Safety
+/// memalign (glibc: the alignment is rounded up to a power of two).
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    let Some(a) = align.max(1).checked_next_power_of_two() else {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    alloc_aligned(size, a, false)
+}
+
+/// # Safety
+/// valloc: page aligned.
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    alloc_aligned(size, PAGE, false)
+}
+
+/// # Safety
+/// pvalloc: page aligned, size rounded up to pages.
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    match size.max(1).checked_next_multiple_of(PAGE) {
+        Some(n) => alloc_aligned(n, PAGE, false),
+        None => {
+            set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// malloc_usable_size.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    mi::mi_usable_size(p)
+}
+
+/// # Safety
+/// glibc's malloc_trim: gives freed memory back (to the region, which drops it).
+#[no_mangle]
+pub unsafe extern "C" fn malloc_trim(_pad: usize) -> i32 {
+    match runtime::program_heap() {
+        Some(h) => mi::mi_heap_collect(h, true),
+        None => mi::mi_collect(true),
+    }
+    1
+}

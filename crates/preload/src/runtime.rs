@@ -1,0 +1,286 @@
+//! zmem inside a program: started by the library's constructor (or by the first malloc, if that
+//! comes earlier), configured from `ZMEM_*` (see zmem_runenv), it creates the region, hands it to
+//! mimalloc as the program heap, serves live statistics on a unix socket and writes a report
+//! when the process exits.
+
+use std::io::Write;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use zmem_region::{Budget, Region, RegionConfig};
+use zmem_runenv::{OnError, ProcessStats, RunConfig};
+
+use crate::heap::{self, Arena};
+use crate::mi;
+
+const UNINIT: u8 = 0;
+const STARTING: u8 = 1;
+const READY: u8 = 2;
+/// zmem could not start and ZMEM_ON_ERROR=off: the program runs on the internal heap.
+const OFF: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// The program heap (valid in READY).
+static HEAP: AtomicPtr<mi::mi_heap_t> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Everything zmem holds in this process (set once, in READY).
+pub struct Runtime {
+    pub region: Region,
+    pub config: RunConfig,
+    pub started: Instant,
+    pub pid: u32,
+    pub socket: Option<PathBuf>,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+pub fn runtime() -> Option<&'static Runtime> {
+    RUNTIME.get()
+}
+
+/// The heap the program's allocations come from now: the region's, or None for the internal
+/// heap (zmem's own threads, start-up, or zmem off).
+#[inline]
+pub fn program_heap() -> Option<*mut mi::mi_heap_t> {
+    if heap::is_internal() {
+        return None;
+    }
+    match STATE.load(Acquire) {
+        READY => Some(HEAP.load(Relaxed)),
+        OFF => None,
+        _ => {
+            start();
+            match STATE.load(Acquire) {
+                READY => Some(HEAP.load(Relaxed)),
+                _ => None,
+            }
+        }
+    }
+}
+
+/// Starts zmem once. While it starts, every thread allocates from the internal heap (threads
+/// zmem creates allocate before they can be marked, and must not wait for the start they are
+/// part of); free() takes pointers of either heap.
+pub fn start() {
+    if STATE
+        .compare_exchange(UNINIT, STARTING, AcqRel, Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let was = heap::set_internal(true);
+    let outcome = std::panic::catch_unwind(init)
+        .unwrap_or_else(|_| Err(("zmem panicked while starting".into(), OnError::Fail)));
+    match outcome {
+        Ok(()) => STATE.store(READY, Release),
+        Err((msg, on_error)) => {
+            let prog = program_name();
+            // SAFETY: getpid cannot fail.
+            let pid = unsafe { libc::getpid() };
+            if on_error == OnError::Off {
+                eprintln!("zmem: warning: not compressing {prog} (pid {pid}): {msg}");
+                STATE.store(OFF, Release);
+            } else {
+                eprintln!(
+                    "zmem: cannot start in {prog} (pid {pid}): {msg}\nzmem: set ZMEM_ON_ERROR=off to run the program uncompressed instead"
+                );
+                // SAFETY: ends the process without running the program any further.
+                unsafe { libc::_exit(127) };
+            }
+        }
+    }
+    heap::set_internal(was);
+}
+
+type InitError = (String, OnError);
+
+fn machine_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(8 << 30)
+}
+
+pub fn program_name() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// mimalloc arenas are made of 64 KiB slices.
+const SLICE: u64 = 64 << 10;
+
+fn init() -> Result<(), InitError> {
+    let config = RunConfig::from_vars(|k| std::env::var(k).ok())
+        .map_err(|e| (e.to_string(), OnError::Fail))?;
+    let on_error = config.on_error;
+    let fail = |m: String| (m, on_error);
+    crate::logging::init(config.log.as_deref());
+
+    let size = config
+        .size
+        .unwrap_or_else(|| zmem_runenv::DEFAULT_SIZE_PER_RAM * machine_memory());
+    let size = size.div_ceil(SLICE) * SLICE;
+    if size < 16 * SLICE {
+        return Err(fail(format!(
+            "heap size {size} bytes is too small (at least {} bytes)",
+            16 * SLICE
+        )));
+    }
+    let budget = match config.resident {
+        Some(r) => Budget::Fixed(r),
+        // Between 16 MiB and all of the machine's memory, as pressure allows.
+        None => Budget::Adaptive(zmem_region::AdaptiveConfig::new(
+            16 << 20,
+            machine_memory().min(size),
+        )),
+    };
+    let mut rc = RegionConfig::new(size, budget);
+    rc.policy = config.policy;
+    rc.eviction = config.eviction;
+    rc.handler_threads = config.handler_threads;
+    rc.store_limit = config.store_limit;
+    zmem_engine::thread::set_start_hook(heap::mark_internal);
+    let region = Region::new(rc).map_err(|e| fail(e.to_string()))?;
+    // The region's mapping is page aligned; mimalloc wants 64 KiB. Give it the aligned part.
+    let base = region.as_ptr() as usize;
+    let aligned = base.next_multiple_of(SLICE as usize);
+    let len = (region.len() - (aligned - base)) / SLICE as usize * SLICE as usize;
+    // SAFETY: the region's memory lives as long as the process (RUNTIME is never dropped).
+    let arena = unsafe { Arena::new(aligned as *mut u8, len) }.map_err(fail)?;
+    for (addr, bytes) in Arena::pins() {
+        region
+            .pin(addr - base, bytes)
+            .map_err(|e| fail(format!("pinning the heap's metadata: {e}")))?;
+    }
+    tracing::debug!(pins = ?Arena::pins(), size, "program heap ready");
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() } as u32;
+    let socket = crate::server::start(config.socket_dir.as_deref(), pid);
+    let rt = Runtime {
+        region,
+        config,
+        started: Instant::now(),
+        pid,
+        socket,
+    };
+    HEAP.store(arena.heap, Release);
+    if RUNTIME.set(rt).is_err() {
+        return Err(fail("zmem started twice".into()));
+    }
+    // SAFETY: registering a plain extern "C" function.
+    unsafe { libc::atexit(at_exit) };
+    Ok(())
+}
+
+/// This process's statistics.
+pub fn stats() -> ProcessStats {
+    let Some(rt) = runtime() else {
+        return ProcessStats {
+            // SAFETY: getpid cannot fail.
+            pid: unsafe { libc::getpid() } as u32,
+            program: program_name(),
+            zmem_version: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        };
+    };
+    let s = rt.region.stats();
+    let codec_cpu_ns = s
+        .store
+        .engine
+        .per_codec
+        .iter()
+        .map(|c| c.nanos)
+        .sum::<u64>()
+        + s.store.decompress_nanos;
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: ru is a valid rusage to fill.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    ProcessStats {
+        pid: rt.pid,
+        program: program_name(),
+        zmem_version: env!("CARGO_PKG_VERSION").into(),
+        uptime_s: rt.started.elapsed().as_secs_f64(),
+        active: true,
+        policy: rt.config.policy.name().into(),
+        eviction: format!("{:?}", rt.config.eviction).to_lowercase(),
+        adaptive: rt.config.resident.is_none(),
+        heap_size: s.size,
+        budget: s.budget,
+        resident: s.resident + s.staged,
+        orig_data_size: s.store.orig_data_size,
+        compr_data_size: s.store.compr_data_size,
+        mem_used_total: s.store.mem_used_total,
+        mem_limit: s.store.mem_limit,
+        same_pages: s.store.same_pages,
+        major_faults: s.major_faults,
+        zero_faults: s.zero_faults,
+        evictions: s.evictions,
+        store_refused: s.store_refused,
+        forks: s.forks,
+        fault_p50_ns: s.fault_latency.p50,
+        fault_p99_ns: s.fault_latency.p99,
+        codec_cpu_ns,
+        process_cpu_ns: tv(ru.ru_utime) + tv(ru.ru_stime),
+    }
+}
+
+/// Whether this process is the one zmem started in (not a forked child).
+pub fn in_creator() -> bool {
+    // SAFETY: getpid cannot fail.
+    runtime().is_some_and(|rt| rt.pid == unsafe { libc::getpid() } as u32)
+}
+
+extern "C" fn at_exit() {
+    let was = heap::set_internal(true);
+    let _ = std::panic::catch_unwind(|| {
+        if !in_creator() {
+            return;
+        }
+        let rt = runtime().expect("in creator");
+        if let Some(sock) = &rt.socket {
+            let _ = std::fs::remove_file(sock);
+        }
+        if let Some(dir) = &rt.config.report_dir {
+            write_report(dir, rt.pid);
+        }
+    });
+    heap::set_internal(was);
+}
+
+fn write_report(dir: &std::path::Path, pid: u32) {
+    let path = zmem_runenv::report_path(dir, pid);
+    let tmp = path.with_extension("json.tmp");
+    let body = match serde_json::to_vec_pretty(&stats()) {
+        Ok(b) => b,
+        Err(_) => return,
+    };
+    let ok = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(&body))
+        .and_then(|_| std::fs::rename(&tmp, &path));
+    if let Err(e) = ok {
+        tracing::warn!("cannot write the exit report {}: {e}", path.display());
+    }
+}
+
+/// Binds the stats socket (used by server.rs).
+pub fn bind(dir: &std::path::Path, pid: u32) -> Result<(UnixListener, PathBuf), String> {
+    use std::os::unix::fs::PermissionsExt;
+    zmem_runenv::private_dir(dir).map_err(|e| e.to_string())?;
+    let path = zmem_runenv::socket_path(dir, pid);
+    let _ = std::fs::remove_file(&path); // a stale socket of an earlier process with this pid
+    let l = UnixListener::bind(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((l, path))
+}

@@ -1,0 +1,62 @@
+//! The stats socket: `<socket dir>/<pid>.sock` in a directory only this user can enter, mode
+//! 0600, and a peer credential check on every connection. Each connection gets one JSON line
+//! (zmem_runenv::ProcessStats) and is closed.
+
+use std::io::Write;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+/// Starts the server thread; returns the socket's path, or None (with a warning) when it cannot
+/// be served: statistics are a convenience, never a reason to stop the program.
+pub fn start(dir: Option<&Path>, pid: u32) -> Option<PathBuf> {
+    let dir = zmem_runenv::socket_dir(dir);
+    let (listener, path) = match crate::runtime::bind(&dir, pid) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!("no live statistics (zmem stat): {e}");
+            return None;
+        }
+    };
+    let spawned = zmem_engine::thread::spawn("zmem-stat".into(), move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            if !same_user(&conn) {
+                continue;
+            }
+            if !crate::runtime::in_creator() {
+                // A forked child inherited the socket; it has no thread to serve it anyway.
+                return;
+            }
+            if let Ok(mut line) = serde_json::to_vec(&crate::runtime::stats()) {
+                line.push(b'\n');
+                let _ = conn.write_all(&line);
+            }
+        }
+    });
+    match spawned {
+        Ok(_) => Some(path),
+        Err(e) => {
+            tracing::warn!("no live statistics (zmem stat): {e}");
+            let _ = std::fs::remove_file(&path);
+            None
+        }
+    }
+}
+
+fn same_user(conn: &UnixStream) -> bool {
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len describe a valid buffer for SO_PEERCRED.
+    let r = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    // SAFETY: getuid cannot fail.
+    r == 0 && cred.uid == unsafe { libc::getuid() }
+}

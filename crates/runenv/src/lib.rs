@@ -1,0 +1,469 @@
+//! The contract between `zmem run` and `libzmem_preload.so`:
+//!
+//! - [`RunConfig`]: the `ZMEM_*` environment variables that configure the preload library
+//!   (`zmem run` writes them, the library reads them at start-up; a user may also set them by
+//!   hand with `LD_PRELOAD`);
+//! - [`ProcessStats`]: a process's live statistics, as JSON over its stats socket and in the
+//!   report it writes when it exits;
+//! - where the sockets and reports live ([`socket_dir`], [`socket_path`], [`report_path`]).
+
+pub mod size;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use zmem_engine::Policy;
+use zmem_region::Eviction;
+
+pub use size::{parse_size, SizeError};
+
+/// Resident budget in bytes (`--resident`); ignored when `ZMEM_ADAPTIVE=1`.
+pub const ENV_RESIDENT: &str = "ZMEM_RESIDENT";
+/// `1`: the budget follows memory pressure (`--adaptive`).
+pub const ENV_ADAPTIVE: &str = "ZMEM_ADAPTIVE";
+/// Virtual size of the compressed heap (`--size`): the most the program can allocate.
+pub const ENV_SIZE: &str = "ZMEM_SIZE";
+/// DRAM for compressed pages (`--store-limit`, zram's mem_limit); unset = unlimited.
+pub const ENV_STORE_LIMIT: &str = "ZMEM_STORE_LIMIT";
+/// Compression policy: fast, balanced, max or auto (`--policy`).
+pub const ENV_POLICY: &str = "ZMEM_POLICY";
+/// Which pages leave DRAM first: clock or fifo (`--eviction`).
+pub const ENV_EVICTION: &str = "ZMEM_EVICTION";
+/// Threads serving faults (`--handler-threads`).
+pub const ENV_HANDLER_THREADS: &str = "ZMEM_HANDLER_THREADS";
+/// Directory where each process writes `<pid>.json` when it exits (set by `zmem run`).
+pub const ENV_REPORT_DIR: &str = "ZMEM_REPORT_DIR";
+/// Directory of the stats sockets (default [`default_socket_dir`]).
+pub const ENV_SOCKET_DIR: &str = "ZMEM_SOCKET_DIR";
+/// What to do when zmem cannot start in a process: `fail` (default: a message and exit
+/// status 127 before the program runs) or `off` (a warning, and the program runs on an
+/// uncompressed heap).
+pub const ENV_ON_ERROR: &str = "ZMEM_ON_ERROR";
+/// tracing filter of the library's messages on stderr (default `warn`).
+pub const ENV_LOG: &str = "ZMEM_LOG";
+
+/// Every variable the library reads (for documentation and for clearing a test environment).
+pub const ALL_VARS: [&str; 11] = [
+    ENV_RESIDENT,
+    ENV_ADAPTIVE,
+    ENV_SIZE,
+    ENV_STORE_LIMIT,
+    ENV_POLICY,
+    ENV_EVICTION,
+    ENV_HANDLER_THREADS,
+    ENV_REPORT_DIR,
+    ENV_SOCKET_DIR,
+    ENV_ON_ERROR,
+    ENV_LOG,
+];
+
+/// The default resident budget when neither `ZMEM_RESIDENT` nor `ZMEM_ADAPTIVE` is set.
+pub const DEFAULT_RESIDENT: u64 = 256 << 20;
+/// The heap's default virtual size is this many times the machine's memory (untouched pages
+/// cost nothing but address space).
+pub const DEFAULT_SIZE_PER_RAM: u64 = 4;
+
+/// A bad `ZMEM_*` setting.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{var}={value:?}: {why}")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        why: String,
+    },
+}
+
+fn invalid(var: &'static str, value: &str, why: impl ToString) -> ConfigError {
+    ConfigError::Invalid {
+        var,
+        value: value.to_string(),
+        why: why.to_string(),
+    }
+}
+
+/// What to do when zmem cannot start in a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OnError {
+    Fail,
+    Off,
+}
+
+/// The preload library's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunConfig {
+    /// None: adaptive.
+    pub resident: Option<u64>,
+    /// None: [`DEFAULT_SIZE_PER_RAM`] times the machine's memory.
+    pub size: Option<u64>,
+    pub store_limit: Option<u64>,
+    pub policy: Policy,
+    pub eviction: Eviction,
+    pub handler_threads: usize,
+    pub report_dir: Option<PathBuf>,
+    pub socket_dir: Option<PathBuf>,
+    pub on_error: OnError,
+    pub log: Option<String>,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            resident: Some(DEFAULT_RESIDENT),
+            size: None,
+            store_limit: None,
+            policy: Policy::Fast,
+            eviction: Eviction::Clock,
+            handler_threads: 1,
+            report_dir: None,
+            socket_dir: None,
+            on_error: OnError::Fail,
+            log: None,
+        }
+    }
+}
+
+fn eviction_name(e: Eviction) -> &'static str {
+    match e {
+        Eviction::Clock => "clock",
+        Eviction::Fifo => "fifo",
+    }
+}
+
+impl RunConfig {
+    /// Reads the settings through `get` (e.g. `|k| std::env::var(k).ok()`). Unset variables take
+    /// their defaults; a set but bad one is an error naming it.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<RunConfig, ConfigError> {
+        let mut c = RunConfig::default();
+        let size = |var: &'static str| -> Result<Option<u64>, ConfigError> {
+            match get(var) {
+                None => Ok(None),
+                Some(v) => parse_size(&v).map(Some).map_err(|e| invalid(var, &v, e)),
+            }
+        };
+        if let Some(r) = size(ENV_RESIDENT)? {
+            c.resident = Some(r);
+        }
+        match get(ENV_ADAPTIVE).as_deref() {
+            None | Some("0") | Some("") => {}
+            Some("1") => c.resident = None,
+            Some(v) => return Err(invalid(ENV_ADAPTIVE, v, "expected 0 or 1")),
+        }
+        c.size = size(ENV_SIZE)?;
+        c.store_limit = size(ENV_STORE_LIMIT)?;
+        if let Some(v) = get(ENV_POLICY) {
+            c.policy = Policy::from_str(&v).map_err(|e| invalid(ENV_POLICY, &v, e))?;
+        }
+        if let Some(v) = get(ENV_EVICTION) {
+            c.eviction = match v.as_str() {
+                "clock" => Eviction::Clock,
+                "fifo" => Eviction::Fifo,
+                _ => return Err(invalid(ENV_EVICTION, &v, "expected clock or fifo")),
+            };
+        }
+        if let Some(v) = get(ENV_HANDLER_THREADS) {
+            c.handler_threads = v
+                .parse()
+                .ok()
+                .filter(|n| (1..=16).contains(n))
+                .ok_or_else(|| invalid(ENV_HANDLER_THREADS, &v, "expected 1..=16"))?;
+        }
+        c.report_dir = get(ENV_REPORT_DIR)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
+        c.socket_dir = get(ENV_SOCKET_DIR)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
+        if let Some(v) = get(ENV_ON_ERROR) {
+            c.on_error = match v.as_str() {
+                "fail" => OnError::Fail,
+                "off" => OnError::Off,
+                _ => return Err(invalid(ENV_ON_ERROR, &v, "expected fail or off")),
+            };
+        }
+        c.log = get(ENV_LOG).filter(|s| !s.is_empty());
+        Ok(c)
+    }
+
+    /// The variables that configure a process like this (what `zmem run` sets).
+    pub fn to_vars(&self) -> Vec<(&'static str, String)> {
+        let mut v = Vec::new();
+        match self.resident {
+            Some(r) => v.push((ENV_RESIDENT, r.to_string())),
+            None => v.push((ENV_ADAPTIVE, "1".into())),
+        }
+        if let Some(s) = self.size {
+            v.push((ENV_SIZE, s.to_string()));
+        }
+        if let Some(s) = self.store_limit {
+            v.push((ENV_STORE_LIMIT, s.to_string()));
+        }
+        v.push((ENV_POLICY, self.policy.name().into()));
+        v.push((ENV_EVICTION, eviction_name(self.eviction).into()));
+        v.push((ENV_HANDLER_THREADS, self.handler_threads.to_string()));
+        if let Some(d) = &self.report_dir {
+            v.push((ENV_REPORT_DIR, d.display().to_string()));
+        }
+        if let Some(d) = &self.socket_dir {
+            v.push((ENV_SOCKET_DIR, d.display().to_string()));
+        }
+        v.push((
+            ENV_ON_ERROR,
+            match self.on_error {
+                OnError::Fail => "fail",
+                OnError::Off => "off",
+            }
+            .into(),
+        ));
+        if let Some(l) = &self.log {
+            v.push((ENV_LOG, l.clone()));
+        }
+        v
+    }
+}
+
+/// A process's statistics: the reply of its stats socket and its exit report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessStats {
+    pub pid: u32,
+    /// The program (argv[0] as the kernel saw it, /proc/self/comm).
+    pub program: String,
+    pub zmem_version: String,
+    /// Seconds since zmem started in the process.
+    pub uptime_s: f64,
+    /// Whether the heap is compressed (false: zmem failed to start and ZMEM_ON_ERROR=off).
+    pub active: bool,
+    /// The policy and eviction in use.
+    pub policy: String,
+    pub eviction: String,
+    pub adaptive: bool,
+    /// Virtual size of the heap.
+    pub heap_size: u64,
+    /// Current resident budget.
+    pub budget: u64,
+    /// Heap bytes in DRAM now, uncompressed.
+    pub resident: u64,
+    /// Heap bytes held compressed (uncompressed size; zram's orig_data_size).
+    pub orig_data_size: u64,
+    /// Their compressed size (zram's compr_data_size).
+    pub compr_data_size: u64,
+    /// DRAM the compressed pages take, allocator overhead included (zram's mem_used_total).
+    pub mem_used_total: u64,
+    /// The store's memory limit (0 = none).
+    pub mem_limit: u64,
+    pub same_pages: u64,
+    /// Faults on compressed pages / on never-touched pages.
+    pub major_faults: u64,
+    pub zero_faults: u64,
+    pub evictions: u64,
+    /// Evictions the store refused because it was full (pages stayed in DRAM).
+    pub store_refused: u64,
+    pub forks: u64,
+    /// Fault latency percentiles (ns).
+    pub fault_p50_ns: u64,
+    pub fault_p99_ns: u64,
+    /// CPU time spent compressing and decompressing (ns).
+    pub codec_cpu_ns: u64,
+    /// CPU time of the whole process so far (user + system, ns).
+    pub process_cpu_ns: u64,
+}
+
+impl ProcessStats {
+    /// Heap data per byte of DRAM it occupies.
+    pub fn ratio(&self) -> f64 {
+        let dram = self.resident + self.mem_used_total;
+        if dram == 0 {
+            return 0.0;
+        }
+        (self.resident + self.orig_data_size) as f64 / dram as f64
+    }
+
+    /// Bytes of the heap the program touched: in DRAM or compressed.
+    pub fn data(&self) -> u64 {
+        self.resident + self.orig_data_size
+    }
+}
+
+/// The default socket directory of user `uid`: /tmp/zmem-<uid>.
+pub fn default_socket_dir(uid: u32) -> PathBuf {
+    PathBuf::from(format!("/tmp/zmem-{uid}"))
+}
+
+/// The socket directory of this user: `ZMEM_SOCKET_DIR` or [`default_socket_dir`].
+pub fn socket_dir(configured: Option<&Path>) -> PathBuf {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    configured
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| default_socket_dir(uid))
+}
+
+/// The stats socket of process `pid`.
+pub fn socket_path(dir: &Path, pid: u32) -> PathBuf {
+    dir.join(format!("{pid}.sock"))
+}
+
+/// The exit report of process `pid`.
+pub fn report_path(dir: &Path, pid: u32) -> PathBuf {
+    dir.join(format!("{pid}.json"))
+}
+
+/// Why a directory cannot hold stats sockets.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} belongs to uid {owner}, not to this user (uid {me}); refusing to use it")]
+    NotOwner { path: PathBuf, owner: u32, me: u32 },
+    #[error("{path} has mode {mode:o}; it must not be accessible to other users (0700)")]
+    Open { path: PathBuf, mode: u32 },
+}
+
+/// Creates `dir` (mode 0700) if needed and checks that only this user can use it, so a socket
+/// in it can only be opened by the same user.
+pub fn private_dir(dir: &Path) -> Result<(), DirError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let io = |source| DirError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(e)),
+    }
+    let md = std::fs::symlink_metadata(dir).map_err(io)?;
+    // SAFETY: getuid cannot fail.
+    let me = unsafe { libc::getuid() };
+    if !md.is_dir() {
+        return Err(io(std::io::Error::other("not a directory")));
+    }
+    if md.uid() != me {
+        return Err(DirError::NotOwner {
+            path: dir.to_path_buf(),
+            owner: md.uid(),
+            me,
+        });
+    }
+    if md.mode() & 0o077 != 0 {
+        return Err(DirError::Open {
+            path: dir.to_path_buf(),
+            mode: md.mode() & 0o7777,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        assert_eq!(
+            RunConfig::from_vars(vars(&[])).unwrap(),
+            RunConfig::default()
+        );
+    }
+
+    #[test]
+    fn round_trip_through_the_environment() {
+        let c = RunConfig {
+            resident: Some(64 << 20),
+            size: Some(8 << 30),
+            store_limit: Some(100 << 20),
+            policy: Policy::Balanced,
+            eviction: Eviction::Fifo,
+            handler_threads: 2,
+            report_dir: Some("/tmp/r".into()),
+            socket_dir: Some("/tmp/s".into()),
+            on_error: OnError::Off,
+            log: Some("debug".into()),
+        };
+        let v = c.to_vars();
+        let m: HashMap<String, String> =
+            v.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        assert_eq!(RunConfig::from_vars(|k| m.get(k).cloned()).unwrap(), c);
+        let adaptive = RunConfig {
+            resident: None,
+            ..RunConfig::default()
+        };
+        let m: HashMap<String, String> = adaptive
+            .to_vars()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        assert_eq!(
+            RunConfig::from_vars(|k| m.get(k).cloned()).unwrap(),
+            adaptive
+        );
+    }
+
+    #[test]
+    fn suffixes_are_accepted_by_hand() {
+        let c = RunConfig::from_vars(vars(&[(ENV_RESIDENT, "2G"), (ENV_SIZE, "64g")])).unwrap();
+        assert_eq!(c.resident, Some(2 << 30));
+        assert_eq!(c.size, Some(64 << 30));
+    }
+
+    #[test]
+    fn bad_settings_name_the_variable() {
+        for (k, v) in [
+            (ENV_RESIDENT, "lots"),
+            (ENV_ADAPTIVE, "yes"),
+            (ENV_SIZE, "-1"),
+            (ENV_STORE_LIMIT, "1x"),
+            (ENV_POLICY, "turbo"),
+            (ENV_EVICTION, "lru"),
+            (ENV_HANDLER_THREADS, "0"),
+            (ENV_HANDLER_THREADS, "99"),
+            (ENV_ON_ERROR, "ignore"),
+        ] {
+            let e = RunConfig::from_vars(vars(&[(k, v)])).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.starts_with(&format!("{k}=")), "{msg}");
+        }
+    }
+
+    #[test]
+    fn private_dir_is_created_0700_and_open_dirs_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("socks");
+        private_dir(&d).unwrap();
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        private_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(matches!(private_dir(&d), Err(DirError::Open { .. })));
+        let f = t.path().join("file");
+        std::fs::write(&f, b"x").unwrap();
+        assert!(matches!(private_dir(&f), Err(DirError::Io { .. })));
+    }
+
+    #[test]
+    fn ratio_counts_dram_only() {
+        let s = ProcessStats {
+            resident: 100,
+            orig_data_size: 300,
+            mem_used_total: 100,
+            ..Default::default()
+        };
+        assert_eq!(s.data(), 400);
+        assert!((s.ratio() - 2.0).abs() < 1e-9);
+        assert_eq!(ProcessStats::default().ratio(), 0.0);
+    }
+}
