@@ -1,6 +1,8 @@
-//! The `zmem` command: benchmarks side by side with the kernel's zram (run and stat later).
+//! The `zmem` command: run a program with its heap compressed, watch it, and benchmark zmem side
+//! by side with the kernel's zram.
 
 pub mod bench;
 pub mod cli;
 pub mod demo;
+pub mod run;
 pub mod size;

@@ -1,26 +1,32 @@
 //! Two heaps, one allocator (mimalloc 3):
 //!
-//! - the **program heap**: a mimalloc heap confined to an exclusive arena over the zmem region,
-//!   so everything the program mallocs lives in memory that compresses itself;
-//! - the **internal heap**: mimalloc's ordinary heap on plain OS memory, for zmem itself (the
-//!   Rust global allocator of this library, and any malloc made on a zmem thread).
+//! - the **program heap** is mimalloc's main heap, the one `mi_malloc` uses, confined to the
+//!   zmem region: the region is handed to mimalloc as arenas ([`add_region`]) and mimalloc may
+//!   not take memory of its own from the OS after that, so everything the program mallocs lives
+//!   in memory that compresses itself;
+//! - the **internal heap** is a mimalloc heap in an exclusive arena of plain OS memory
+//!   ([`setup_internal`]), for zmem itself: this library's Rust allocations, any malloc made on
+//!   a zmem thread, and every malloc while zmem starts.
 //!
 //! zmem's own threads must never touch region memory they might have to serve themselves, so
-//! they are marked ([`mark_internal`], run by zmem_engine's thread start hook) and their
-//! mallocs go to the internal heap. The arena's own bookkeeping sits at the start of the memory
-//! it manages and mimalloc reads it from every thread; those pages are pinned in DRAM
-//! ([`Arena::pins`]).
+//! they are marked ([`mark_internal`], run by zmem_engine's thread start hook). mimalloc reads an
+//! arena's bookkeeping (at the start of the memory it manages) from any thread, so those pages
+//! are pinned in DRAM ([`pins`]).
+//!
+//! Why the region is split into arenas of [`REGION_CHUNK`]: mimalloc 3 keeps ~2 MiB of page
+//! metadata per GiB at an arena's start and refuses arenas whose metadata exceeds 32 MiB, so one
+//! arena cannot exceed about 15 GiB (measured: 16 GiB is refused).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 
 use crate::mi;
 
 thread_local! {
-    /// True on zmem's threads and on a thread while it initialises zmem.
+    /// True on zmem's threads and on a thread while it starts zmem.
     static INTERNAL: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -37,56 +43,105 @@ pub fn is_internal() -> bool {
     INTERNAL.with(|c| c.get())
 }
 
-/// The Rust global allocator of the library: always the internal heap.
-pub struct InternalAlloc;
+/// Virtual size of the internal heap's arena: committed only as used. zmem's per-page tables
+/// take about 30 bytes per 4 KiB page of the region, so this serves regions up to ~1 TiB.
+pub const INTERNAL_RESERVE: usize = 8 << 30;
+/// Arena size the region is cut into.
+pub const REGION_CHUNK: usize = 8 << 30;
+/// mimalloc arenas start on 64 KiB boundaries.
+pub const SLICE: usize = 64 << 10;
+
+static INTERNAL_HEAP: AtomicPtr<mi::mi_heap_t> = AtomicPtr::new(null_mut());
+
+/// Creates the internal heap. Called first thing when zmem starts, before anything else
+/// allocates, so nothing of zmem's ends up in mimalloc's main heap.
+pub fn setup_internal() -> Result<(), String> {
+    let mut id: mi::mi_arena_id_t = null_mut();
+    // SAFETY: plain calls into mimalloc.
+    unsafe {
+        mi::mi_option_set(mi::OPTION_SHOW_ERRORS, 1);
+        let err = mi::mi_reserve_os_memory_ex(INTERNAL_RESERVE, false, false, true, &mut id);
+        if err != 0 || id.is_null() {
+            return Err(format!(
+                "cannot reserve {} GiB of address space for zmem's own heap (error {err})",
+                INTERNAL_RESERVE >> 30
+            ));
+        }
+        let h = mi::mi_heap_new_in_arena(id);
+        if h.is_null() {
+            return Err("mimalloc could not make zmem's own heap".into());
+        }
+        INTERNAL_HEAP.store(h, Release);
+    }
+    Ok(())
+}
+
+fn internal_heap() -> *mut mi::mi_heap_t {
+    INTERNAL_HEAP.load(Acquire)
+}
 
 // mimalloc's blocks are aligned to 16 bytes from 16 bytes up, to 8 below.
-fn natural(layout: &Layout) -> bool {
-    layout.align() <= 8 || (layout.align() <= 16 && layout.size() >= 16)
+fn natural(align: usize, size: usize) -> bool {
+    align <= 8 || (align <= 16 && size >= 16)
 }
+
+/// Allocation on the internal heap (mimalloc's main heap before it exists).
+pub unsafe fn internal_alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
+    let h = internal_heap();
+    match (h.is_null(), natural(align, size), zero) {
+        (false, true, false) => mi::mi_heap_malloc(h, size),
+        (false, true, true) => mi::mi_heap_zalloc(h, size),
+        (false, false, false) => mi::mi_heap_malloc_aligned(h, size, align),
+        (false, false, true) => mi::mi_heap_zalloc_aligned(h, size, align),
+        (true, true, false) => mi::mi_malloc(size),
+        (true, true, true) => mi::mi_zalloc(size),
+        (true, false, false) => mi::mi_malloc_aligned(size, align),
+        (true, false, true) => mi::mi_zalloc_aligned(size, align),
+    }
+}
+
+pub unsafe fn internal_realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
+    let h = internal_heap();
+    match (h.is_null(), natural(align, size)) {
+        (false, true) => mi::mi_heap_realloc(h, p, size),
+        (false, false) => mi::mi_heap_realloc_aligned(h, p, size, align),
+        (true, true) => mi::mi_realloc(p, size),
+        (true, false) => mi::mi_realloc_aligned(p, size, align),
+    }
+}
+
+/// The Rust global allocator of the library: always the internal heap.
+pub struct InternalAlloc;
 
 // SAFETY: mimalloc's functions meet GlobalAlloc's contract for the layouts routed to them.
 unsafe impl GlobalAlloc for InternalAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if natural(&layout) {
-            mi::mi_malloc(layout.size()) as *mut u8
-        } else {
-            mi::mi_malloc_aligned(layout.size(), layout.align()) as *mut u8
-        }
+        internal_alloc(layout.size(), layout.align(), false) as *mut u8
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if natural(&layout) {
-            mi::mi_zalloc(layout.size()) as *mut u8
-        } else {
-            mi::mi_zalloc_aligned(layout.size(), layout.align()) as *mut u8
-        }
+        internal_alloc(layout.size(), layout.align(), true) as *mut u8
     }
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
         mi::mi_free(ptr as *mut c_void)
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let l = Layout::from_size_align_unchecked(new_size, layout.align());
-        if natural(&l) {
-            mi::mi_realloc(ptr as *mut c_void, new_size) as *mut u8
-        } else {
-            mi::mi_realloc_aligned(ptr as *mut c_void, new_size, layout.align()) as *mut u8
-        }
+        internal_realloc(ptr as *mut c_void, new_size, layout.align()) as *mut u8
     }
 }
 
-/// Ranges mimalloc committed while it set up the arena: its metadata, to be pinned.
-const MAX_PINS: usize = 64;
+/// Ranges mimalloc committed while it set up the region's arenas: their metadata, to pin.
+const MAX_PINS: usize = 256;
 static PINS: [(AtomicUsize, AtomicUsize); MAX_PINS] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_PINS];
 static PIN_COUNT: AtomicUsize = AtomicUsize::new(0);
 static SETTING_UP: AtomicBool = AtomicBool::new(false);
 
 /// What mimalloc's commit callback saw: bytes decommitted (given back to zmem, which drops
-/// their pages and compressed copies) and calls refused on zmem's own threads.
+/// their pages and compressed copies) and decommits refused on zmem's own threads.
 pub static DECOMMITTED: AtomicU64 = AtomicU64::new(0);
 pub static DECOMMIT_REFUSED: AtomicU64 = AtomicU64::new(0);
 
-/// mimalloc asks for memory of the arena to be committed (made usable) or decommitted (its
+/// mimalloc asks for memory of an arena to be committed (made usable) or decommitted (its
 /// contents no longer needed). The region's memory is always mapped, so a commit has nothing to
 /// do; a decommit drops the pages (MADV_DONTNEED, which the region sees as a REMOVE event: it
 /// forgets the pages and their compressed copies). No allocation here: mimalloc calls this
@@ -100,7 +155,7 @@ unsafe extern "C" fn commit(
 ) -> bool {
     if commit {
         if SETTING_UP.load(Acquire) {
-            // The arena's metadata, committed while mi_manage_memory runs.
+            // An arena's metadata, committed while mi_manage_memory runs.
             let i = PIN_COUNT.fetch_add(1, AcqRel);
             if i < MAX_PINS {
                 PINS[i].0.store(start as usize, Release);
@@ -127,52 +182,59 @@ unsafe extern "C" fn commit(
     true
 }
 
-/// The program heap's arena.
-pub struct Arena {
-    pub heap: *mut mi::mi_heap_t,
-    pub id: mi::mi_arena_id_t,
-}
-
-impl Arena {
-    /// Hands `[base, base + len)` (mapped, zero, 64 KiB aligned) to mimalloc as an exclusive
-    /// arena and makes a heap in it. One per process.
-    ///
-    /// # Safety
-    /// The range must be a live mapping owned by the caller for the rest of the process.
-    pub unsafe fn new(base: *mut u8, len: usize) -> Result<Arena, String> {
-        mi::mi_option_set(mi::OPTION_SHOW_ERRORS, 1);
+/// Hands `[base, base + len)` (mapped, zero) to mimalloc as the program heap's arenas, then
+/// forbids mimalloc any other memory for it. Returns the 64 KiB aligned span used.
+///
+/// # Safety
+/// The range must be a live mapping owned by the caller for the rest of the process; called
+/// once.
+pub unsafe fn add_region(base: usize, len: usize) -> Result<(usize, usize), String> {
+    let start = base.next_multiple_of(SLICE);
+    let end = (base + len) / SLICE * SLICE;
+    if end <= start + 2 * SLICE * 512 {
+        return Err(format!("the region ({len} bytes) is too small for a heap"));
+    }
+    SETTING_UP.store(true, Release);
+    let mut at = start;
+    let mut result = Ok((start, end - start));
+    while at < end {
+        // The last piece joins the one before if it would be small.
+        let mut n = REGION_CHUNK.min(end - at);
+        if end - (at + n) < REGION_CHUNK / 8 {
+            n = end - at;
+        }
         let mut id: mi::mi_arena_id_t = null_mut();
-        SETTING_UP.store(true, Release);
         let ok = mi::mi_manage_memory(
-            base as *mut c_void,
-            len,
+            at as *mut c_void,
+            n,
             false, // not committed: mimalloc asks (commit) before using a range
             false, // not pinned: it may decommit (purge) what the program frees
             true,  // zero
             -1,
-            true, // exclusive: only the program heap allocates here
+            false, // not exclusive: the main heap (malloc) allocates here
             Some(commit),
             null_mut(),
             &mut id,
         );
-        SETTING_UP.store(false, Release);
-        if !ok || id.is_null() {
-            return Err(format!(
-                "mimalloc refused the region ({len} bytes at {base:p}) as an arena"
+        if !ok {
+            result = Err(format!(
+                "mimalloc refused {n} bytes of the region at {at:#x} as an arena"
             ));
+            break;
         }
-        let heap = mi::mi_heap_new_in_arena(id);
-        if heap.is_null() {
-            return Err("mimalloc could not make a heap in the region's arena".into());
-        }
-        Ok(Arena { heap, id })
+        at += n;
     }
+    SETTING_UP.store(false, Release);
+    let span = result?;
+    mi::mi_option_set(mi::OPTION_DISALLOW_OS_ALLOC, 1);
+    mi::mi_option_set(mi::OPTION_ARENA_MAX_OBJECT_SIZE, (REGION_CHUNK >> 10) as _);
+    Ok(span)
+}
 
-    /// The arena metadata ranges to pin: (address, bytes).
-    pub fn pins() -> Vec<(usize, usize)> {
-        let n = PIN_COUNT.load(Acquire).min(MAX_PINS);
-        (0..n)
-            .map(|i| (PINS[i].0.load(Acquire), PINS[i].1.load(Acquire)))
-            .collect()
-    }
+/// The arena metadata ranges to pin: (address, bytes).
+pub fn pins() -> Vec<(usize, usize)> {
+    let n = PIN_COUNT.load(Acquire).min(MAX_PINS);
+    (0..n)
+        .map(|i| (PINS[i].0.load(Acquire), PINS[i].1.load(Acquire)))
+        .collect()
 }

@@ -123,12 +123,7 @@ fn lookup(name: &str) -> Option<Value> {
         "thread.tcache.flush" => Value::Action,
         n if n.starts_with("arena.") && (n.ends_with(".purge") || n.ends_with(".decay")) => {
             // SAFETY: collecting is always allowed.
-            unsafe {
-                match runtime::program_heap() {
-                    Some(h) => mi::mi_heap_collect(h, true),
-                    None => mi::mi_collect(true),
-                }
-            }
+            unsafe { mi::mi_collect(true) }
             Value::Action
         }
         _ => return None,

@@ -44,43 +44,46 @@ const PAGE: usize = 4096;
 
 #[inline]
 unsafe fn alloc(size: usize) -> *mut c_void {
-    match runtime::program_heap() {
-        Some(h) => mi::mi_heap_malloc(h, size),
-        None => mi::mi_malloc(size),
+    if runtime::use_program_heap() {
+        mi::mi_malloc(size)
+    } else {
+        heap::internal_alloc(size, 8, false)
     }
 }
 
 #[inline]
 unsafe fn alloc_zeroed(size: usize) -> *mut c_void {
-    match runtime::program_heap() {
-        Some(h) => mi::mi_heap_zalloc(h, size),
-        None => mi::mi_zalloc(size),
+    if runtime::use_program_heap() {
+        mi::mi_zalloc(size)
+    } else {
+        heap::internal_alloc(size, 8, true)
     }
 }
 
 #[inline]
 unsafe fn alloc_aligned(size: usize, align: usize, zero: bool) -> *mut c_void {
-    match (runtime::program_heap(), zero) {
-        (Some(h), false) => mi::mi_heap_malloc_aligned(h, size, align),
-        (Some(h), true) => mi::mi_heap_zalloc_aligned(h, size, align),
-        (None, false) => mi::mi_malloc_aligned(size, align),
-        (None, true) => mi::mi_zalloc_aligned(size, align),
+    match (runtime::use_program_heap(), zero) {
+        (true, false) => mi::mi_malloc_aligned(size, align),
+        (true, true) => mi::mi_zalloc_aligned(size, align),
+        (false, z) => heap::internal_alloc(size, align.max(16), z),
     }
 }
 
 #[inline]
 unsafe fn resize(p: *mut c_void, size: usize) -> *mut c_void {
-    match runtime::program_heap() {
-        Some(h) => mi::mi_heap_realloc(h, p, size),
-        None => mi::mi_realloc(p, size),
+    if runtime::use_program_heap() {
+        mi::mi_realloc(p, size)
+    } else {
+        heap::internal_realloc(p, size, 8)
     }
 }
 
 #[inline]
 unsafe fn resize_aligned(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
-    match runtime::program_heap() {
-        Some(h) => mi::mi_heap_realloc_aligned(h, p, size, align),
-        None => mi::mi_realloc_aligned(p, size, align),
+    if runtime::use_program_heap() {
+        mi::mi_realloc_aligned(p, size, align)
+    } else {
+        heap::internal_realloc(p, size, align.max(16))
     }
 }
 
@@ -224,9 +227,6 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 /// glibc's malloc_trim: gives freed memory back (to the region, which drops it).
 #[no_mangle]
 pub unsafe extern "C" fn malloc_trim(_pad: usize) -> i32 {
-    match runtime::program_heap() {
-        Some(h) => mi::mi_heap_collect(h, true),
-        None => mi::mi_collect(true),
-    }
+    mi::mi_collect(true);
     1
 }

@@ -18,10 +18,12 @@ pub type mi_commit_fun_t = unsafe extern "C" fn(
     arg: *mut c_void,
 ) -> bool;
 
-/// mi_option_purge_delay: milliseconds before freed memory is purged (decommitted).
-pub const OPTION_PURGE_DELAY: c_int = 15;
-/// mi_option_show_errors / mi_option_verbose.
+/// mi_option_show_errors: print error messages.
 pub const OPTION_SHOW_ERRORS: c_int = 0;
+/// mi_option_disallow_os_alloc: only arenas given to mimalloc, no memory of its own from the OS.
+pub const OPTION_DISALLOW_OS_ALLOC: c_int = 17;
+/// mi_option_arena_max_object_size (KiB): larger objects would bypass the arenas.
+pub const OPTION_ARENA_MAX_OBJECT_SIZE: c_int = 45;
 
 extern "C" {
     pub fn mi_malloc(size: usize) -> *mut c_void;
@@ -37,7 +39,6 @@ extern "C" {
 
     pub fn mi_heap_malloc(heap: *mut mi_heap_t, size: usize) -> *mut c_void;
     pub fn mi_heap_zalloc(heap: *mut mi_heap_t, size: usize) -> *mut c_void;
-    pub fn mi_heap_calloc(heap: *mut mi_heap_t, count: usize, size: usize) -> *mut c_void;
     pub fn mi_heap_realloc(heap: *mut mi_heap_t, p: *mut c_void, newsize: usize) -> *mut c_void;
     pub fn mi_heap_malloc_aligned(
         heap: *mut mi_heap_t,
@@ -55,7 +56,6 @@ extern "C" {
         newsize: usize,
         alignment: usize,
     ) -> *mut c_void;
-    pub fn mi_heap_collect(heap: *mut mi_heap_t, force: bool);
 
     pub fn mi_manage_memory(
         start: *mut c_void,
@@ -69,8 +69,14 @@ extern "C" {
         commit_fun_arg: *mut c_void,
         arena_id: *mut mi_arena_id_t,
     ) -> bool;
+    pub fn mi_reserve_os_memory_ex(
+        size: usize,
+        commit: bool,
+        allow_large: bool,
+        exclusive: bool,
+        arena_id: *mut mi_arena_id_t,
+    ) -> c_int;
     pub fn mi_heap_new_in_arena(arena_id: mi_arena_id_t) -> *mut mi_heap_t;
-    pub fn mi_arena_contains(arena_id: mi_arena_id_t, p: *const c_void) -> bool;
     pub fn mi_option_set(option: c_int, value: c_long);
     pub fn mi_version() -> c_int;
 }

@@ -6,15 +6,14 @@
 use std::io::Write;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicU8, Ordering::*};
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use zmem_region::{Budget, Region, RegionConfig};
 use zmem_runenv::{OnError, ProcessStats, RunConfig};
 
-use crate::heap::{self, Arena};
-use crate::mi;
+use crate::heap;
 
 const UNINIT: u8 = 0;
 const STARTING: u8 = 1;
@@ -23,8 +22,6 @@ const READY: u8 = 2;
 const OFF: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-/// The program heap (valid in READY).
-static HEAP: AtomicPtr<mi::mi_heap_t> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Everything zmem holds in this process (set once, in READY).
 pub struct Runtime {
@@ -41,22 +38,20 @@ pub fn runtime() -> Option<&'static Runtime> {
     RUNTIME.get()
 }
 
-/// The heap the program's allocations come from now: the region's, or None for the internal
-/// heap (zmem's own threads, start-up, or zmem off).
+/// Whether the calling thread's allocations go to the program heap (mimalloc's main heap, in
+/// the region) now; if not, to the internal heap (zmem's own threads, and everyone while zmem
+/// starts). With zmem off, the main heap is plain memory.
 #[inline]
-pub fn program_heap() -> Option<*mut mi::mi_heap_t> {
+pub fn use_program_heap() -> bool {
     if heap::is_internal() {
-        return None;
+        return false;
     }
     match STATE.load(Acquire) {
-        READY => Some(HEAP.load(Relaxed)),
-        OFF => None,
+        READY | OFF => true,
+        STARTING => false,
         _ => {
             start();
-            match STATE.load(Acquire) {
-                READY => Some(HEAP.load(Relaxed)),
-                _ => None,
-            }
+            matches!(STATE.load(Acquire), READY | OFF)
         }
     }
 }
@@ -72,8 +67,12 @@ pub fn start() {
         return;
     }
     let was = heap::set_internal(true);
-    let outcome = std::panic::catch_unwind(init)
-        .unwrap_or_else(|_| Err(("zmem panicked while starting".into(), OnError::Fail)));
+    let outcome = heap::setup_internal()
+        .map_err(|e| (e, OnError::Fail))
+        .and_then(|()| {
+            std::panic::catch_unwind(init)
+                .unwrap_or_else(|_| Err(("zmem panicked while starting".into(), OnError::Fail)))
+        });
     match outcome {
         Ok(()) => STATE.store(READY, Release),
         Err((msg, on_error)) => {
@@ -116,8 +115,8 @@ pub fn program_name() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// mimalloc arenas are made of 64 KiB slices.
-const SLICE: u64 = 64 << 10;
+/// The smallest heap (mimalloc needs room for its arena metadata and some pages).
+const MIN_SIZE: u64 = 128 << 20;
 
 fn init() -> Result<(), InitError> {
     let config = RunConfig::from_vars(|k| std::env::var(k).ok())
@@ -129,13 +128,13 @@ fn init() -> Result<(), InitError> {
     let size = config
         .size
         .unwrap_or_else(|| zmem_runenv::DEFAULT_SIZE_PER_RAM * machine_memory());
-    let size = size.div_ceil(SLICE) * SLICE;
-    if size < 16 * SLICE {
+    if size < MIN_SIZE {
         return Err(fail(format!(
-            "heap size {size} bytes is too small (at least {} bytes)",
-            16 * SLICE
+            "heap size {size} bytes is too small (at least {MIN_SIZE} bytes)"
         )));
     }
+    // Room to align the arenas to mimalloc's 64 KiB slices.
+    let size = size + heap::SLICE as u64;
     let budget = match config.resident {
         Some(r) => Budget::Fixed(r),
         // Between 16 MiB and all of the machine's memory, as pressure allows.
@@ -151,18 +150,35 @@ fn init() -> Result<(), InitError> {
     rc.store_limit = config.store_limit;
     zmem_engine::thread::set_start_hook(heap::mark_internal);
     let region = Region::new(rc).map_err(|e| fail(e.to_string()))?;
-    // The region's mapping is page aligned; mimalloc wants 64 KiB. Give it the aligned part.
-    let base = region.as_ptr() as usize;
-    let aligned = base.next_multiple_of(SLICE as usize);
-    let len = (region.len() - (aligned - base)) / SLICE as usize * SLICE as usize;
     // SAFETY: the region's memory lives as long as the process (RUNTIME is never dropped).
-    let arena = unsafe { Arena::new(aligned as *mut u8, len) }.map_err(fail)?;
-    for (addr, bytes) in Arena::pins() {
+    let (heap_start, heap_len) =
+        match unsafe { heap::add_region(region.as_ptr() as usize, region.len()) } {
+            Ok(x) => x,
+            Err(e) => {
+                // Arenas already handed to mimalloc must stay mapped and served.
+                std::mem::forget(region);
+                return Err(fail(e));
+            }
+        };
+    // SAFETY: a probe allocation on the main heap, freed at once.
+    let in_region = unsafe {
+        let p = crate::mi::mi_malloc(64) as usize;
+        crate::mi::mi_free(p as *mut _);
+        (heap_start..heap_start + heap_len).contains(&p)
+    };
+    if !in_region {
+        std::mem::forget(region);
+        return Err(fail(
+            "mimalloc's main heap does not allocate from the region".into(),
+        ));
+    }
+    let base = region.as_ptr() as usize;
+    for (addr, bytes) in heap::pins() {
         region
             .pin(addr - base, bytes)
             .map_err(|e| fail(format!("pinning the heap's metadata: {e}")))?;
     }
-    tracing::debug!(pins = ?Arena::pins(), size, "program heap ready");
+    tracing::debug!(pins = ?heap::pins(), heap_start, heap_len, "program heap ready");
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() } as u32;
     let socket = crate::server::start(config.socket_dir.as_deref(), pid);
@@ -173,7 +189,6 @@ fn init() -> Result<(), InitError> {
         pid,
         socket,
     };
-    HEAP.store(arena.heap, Release);
     if RUNTIME.set(rt).is_err() {
         return Err(fail("zmem started twice".into()));
     }

@@ -125,7 +125,9 @@ impl SpaceInner {
             }
             _ => {}
         }
-        self.state[i] = to;
+        if self.state[i] != to {
+            self.state[i] = to;
+        }
     }
 
     /// Hands every waiting page to the policy (when nothing else is left to evict).
@@ -813,6 +815,7 @@ impl Shared {
                 }
                 // Present at fork time: the child has its own copy-on-write mapping.
                 RESIDENT => state[i] = RESIDENT,
+                ABSENT => {} // already ABSENT: leave the child's untouched table pages alone
                 other => state[i] = other,
             }
         }

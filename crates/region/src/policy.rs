@@ -33,8 +33,12 @@ pub enum Eviction {
     Fifo,
 }
 
-/// End of a list / no page.
-const NIL: u32 = u32::MAX;
+/// End of a list / no page. Inside the tracker a page is known by its id, `page + 1`, so
+/// that NIL is 0 and an all-zero tracker (`prev`, `next`, `meta`, `lists`) is an empty one: a
+/// zeroed allocation that large comes untouched from the kernel, so a tracker for a huge region
+/// costs DRAM only for the pages that are ever used. Index 0 of the per-page vectors is NIL's
+/// and never written.
+const NIL: u32 = 0;
 
 // Per-page state word (`meta`).
 const RESIDENT: u32 = 1 << 31;
@@ -77,11 +81,13 @@ pub struct Tracker {
     kind: Eviction,
     pages: u32,
     resident: usize,
-    /// List links of resident pages; for an evicted page `prev` holds its eviction tick.
+    /// List links (page ids) of resident pages; for an evicted page `prev` holds its eviction
+    /// tick. Indexed by page id (`page + 1`), like `meta`; all three are 0 for a page never
+    /// used or forgotten.
     prev: Vec<u32>,
     next: Vec<u32>,
     meta: Vec<u32>,
-    /// (head, tail) of the expired list (0) and of the wheel's slots (1..=SLOTS).
+    /// (head, tail) page ids of the expired list (0) and of the wheel's slots (1..=SLOTS).
     lists: Vec<(u32, u32)>,
     /// Non-empty wheel slots (bit i: list id i + 1).
     bits: [u64; WORDS],
@@ -100,15 +106,16 @@ pub struct Tracker {
 impl Tracker {
     /// A tracker for `pages` pages, none resident.
     pub fn new(pages: usize, kind: Eviction) -> Tracker {
-        let pages = pages.min(NIL as usize) as u32;
+        let pages = pages.min(u32::MAX as usize) as u32;
         let n = pages as usize;
         let mut t = Tracker {
             kind,
             pages,
             resident: 0,
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
-            meta: vec![0; n],
+            // All zero: allocated lazily by the kernel, nothing touched here.
+            prev: vec![NIL; n + 1],
+            next: vec![NIL; n + 1],
+            meta: vec![0; n + 1],
             lists: vec![(NIL, NIL); SLOTS + 1],
             bits: [0; WORDS],
             tick: 0,
@@ -133,7 +140,7 @@ impl Tracker {
 
     /// Whether `page` is resident.
     pub fn is_resident(&self, page: u32) -> bool {
-        page < self.pages && self.meta[page as usize] & RESIDENT != 0
+        page < self.pages && self.meta[page as usize + 1] & RESIDENT != 0
     }
 
     /// `page` became resident through a fault (an access). On a resident page: an access
@@ -142,7 +149,8 @@ impl Tracker {
         if page >= self.pages {
             return;
         }
-        let i = page as usize;
+        let id = page + 1;
+        let i = id as usize;
         let m = self.meta[i];
         if m & RESIDENT != 0 {
             self.written(page);
@@ -151,7 +159,7 @@ impl Tracker {
         self.resident += 1;
         if self.kind == Eviction::Fifo {
             self.meta[i] = RESIDENT;
-            self.push_tail(EXPIRED, page);
+            self.push_tail(EXPIRED, id);
             return;
         }
         let mut k = (m & K_MASK) >> K_SHIFT;
@@ -169,18 +177,19 @@ impl Tracker {
         // handler returns, and the handler evicts in between. Two wheel slots of protection
         // keep it from being evicted before the access it was faulted in for.
         let ttl = self.ttl(k, gap).max(2.0 * self.width as f32);
-        self.place(page, ttl);
+        self.place(id, ttl);
     }
 
     /// `page` is resident again because its eviction was aborted: no access, no history;
     /// it goes back to the head of the queue it was picked from (next to be picked).
     pub fn insert_quiet(&mut self, page: u32) {
-        if page >= self.pages || self.meta[page as usize] & RESIDENT != 0 {
+        if page >= self.pages || self.meta[page as usize + 1] & RESIDENT != 0 {
             return;
         }
+        let id = page + 1;
         self.resident += 1;
-        self.meta[page as usize] |= RESIDENT;
-        self.push_head(EXPIRED, page);
+        self.meta[id as usize] |= RESIDENT;
+        self.push_head(EXPIRED, id);
     }
 
     /// The program dropped `page`: not resident, history forgotten.
@@ -188,13 +197,21 @@ impl Tracker {
         if page >= self.pages {
             return;
         }
-        if self.meta[page as usize] & RESIDENT != 0 {
-            self.unlink(page);
+        let id = page + 1;
+        let i = id as usize;
+        if self.meta[i] == 0 {
+            // Nothing to forget, and no write: removing a range of pages never used (a pin)
+            // leaves their memory untouched.
+            debug_assert!(self.prev[i] == NIL && self.next[i] == NIL);
+            return;
+        }
+        if self.meta[i] & RESIDENT != 0 {
+            self.unlink(id);
             self.resident -= 1;
         }
-        self.meta[page as usize] = 0;
-        self.prev[page as usize] = NIL;
-        self.next[page as usize] = NIL;
+        self.meta[i] = 0;
+        self.prev[i] = NIL;
+        self.next[i] = NIL;
     }
 
     /// Hint: resident `page` was written since the last scan. Its protection restarts, at
@@ -203,12 +220,13 @@ impl Tracker {
         if self.kind == Eviction::Fifo || !self.is_resident(page) {
             return;
         }
-        let m = self.meta[page as usize];
+        let id = page + 1;
+        let m = self.meta[id as usize];
         let ttl = self
             .ttl((m & K_MASK) >> K_SHIFT, gap_decode(m & GAP_MASK))
             .max(WRITTEN_TTL * self.scale);
-        self.unlink(page);
-        self.place(page, ttl);
+        self.unlink(id);
+        self.place(id, ttl);
     }
 
     /// Choose up to `n` resident pages to evict; they leave the resident set (with their
@@ -229,14 +247,14 @@ impl Tracker {
                     None => break,
                 }
             };
-            let page = self.lists[list as usize].0;
-            self.unlink(page);
+            let id = self.lists[list as usize].0;
+            self.unlink(id);
             self.resident -= 1;
-            let i = page as usize;
+            let i = id as usize;
             self.meta[i] = (self.meta[i] & !(RESIDENT | LIST_MASK)) | EVICTED;
             self.prev[i] = self.tick as u32;
             self.next[i] = NIL;
-            out.push(page);
+            out.push(id - 1);
         }
     }
 
@@ -251,14 +269,14 @@ impl Tracker {
         TTL_SCALE * b * rate.min(1.0)
     }
 
-    /// Link resident `page` into the wheel by its deadline `tick + ttl`.
-    fn place(&mut self, page: u32, ttl: f32) {
+    /// Link resident page `id` into the wheel by its deadline `tick + ttl`.
+    fn place(&mut self, id: u32, ttl: f32) {
         let slot = (self.tick + ttl as u64) / self.width;
         if slot <= self.cur {
-            self.push_tail(EXPIRED, page);
+            self.push_tail(EXPIRED, id);
         } else {
             let slot = slot.min(self.cur + SLOTS as u64 - 1);
-            self.push_tail(slot_list(slot), page);
+            self.push_tail(slot_list(slot), id);
         }
     }
 
@@ -324,8 +342,8 @@ impl Tracker {
         None
     }
 
-    fn set_list(&mut self, page: u32, list: u32) {
-        let m = &mut self.meta[page as usize];
+    fn set_list(&mut self, id: u32, list: u32) {
+        let m = &mut self.meta[id as usize];
         *m = (*m & !LIST_MASK) | (list << LIST_SHIFT);
     }
 
@@ -340,21 +358,21 @@ impl Tracker {
         }
     }
 
-    fn push_tail(&mut self, list: u32, page: u32) {
-        self.append(list, page, page);
+    fn push_tail(&mut self, list: u32, id: u32) {
+        self.append(list, id, id);
     }
 
-    fn push_head(&mut self, list: u32, page: u32) {
+    fn push_head(&mut self, list: u32, id: u32) {
         let (h, t) = self.lists[list as usize];
-        self.prev[page as usize] = NIL;
-        self.next[page as usize] = h;
+        self.prev[id as usize] = NIL;
+        self.next[id as usize] = h;
         if h == NIL {
-            self.lists[list as usize] = (page, page);
+            self.lists[list as usize] = (id, id);
         } else {
-            self.prev[h as usize] = page;
-            self.lists[list as usize] = (page, t);
+            self.prev[h as usize] = id;
+            self.lists[list as usize] = (id, t);
         }
-        self.set_list(page, list);
+        self.set_list(id, list);
         self.mark(list, true);
     }
 
@@ -389,8 +407,8 @@ impl Tracker {
         self.append(to, h, t);
     }
 
-    fn unlink(&mut self, page: u32) {
-        let i = page as usize;
+    fn unlink(&mut self, id: u32) {
+        let i = id as usize;
         let (p, q) = (self.prev[i], self.next[i]);
         let list = (self.meta[i] & LIST_MASK) >> LIST_SHIFT;
         if p == NIL {
@@ -744,6 +762,50 @@ mod tests {
         assert_eq!(out, (0..16).collect::<Vec<_>>());
         assert_eq!(t.resident(), 0);
         check(&t);
+    }
+
+    #[test]
+    fn unused_pages_are_all_zero_bits() {
+        // A zeroed allocation is a valid empty tracker (so the kernel can hand it out lazily),
+        // and forgetting a page returns its metadata to zero.
+        let zero = |t: &Tracker| {
+            t.prev.iter().all(|&v| v == 0)
+                && t.next.iter().all(|&v| v == 0)
+                && t.meta.iter().all(|&v| v == 0)
+                && t.lists.iter().all(|&l| l == (0, 0))
+        };
+        for kind in [Eviction::Clock, Eviction::Fifo] {
+            let mut t = Tracker::new(1000, kind);
+            assert!(zero(&t));
+            let mut rng = Rng(5);
+            let mut out = Vec::new();
+            for _ in 0..20_000 {
+                let p = rng.below(1000) as u32;
+                t.insert(p);
+                if t.resident() > 300 {
+                    out.clear();
+                    t.pick(16, &mut out);
+                    if let Some(&v) = out.first() {
+                        t.insert_quiet(v);
+                    }
+                }
+            }
+            assert!(!zero(&t));
+            for p in 0..1000 {
+                t.remove(p);
+            }
+            assert_eq!(t.resident(), 0);
+            assert!(zero(&t), "{kind:?}");
+            check(&t);
+            // And it works as new.
+            for p in 0..10 {
+                t.insert(p);
+            }
+            out.clear();
+            t.pick(10, &mut out);
+            out.sort_unstable();
+            assert_eq!(out, (0..10).collect::<Vec<_>>());
+        }
     }
 
     #[test]

@@ -241,7 +241,8 @@ impl PageStore {
             ..PoolConfig::default()
         })?;
         let engine = Engine::new(cfg.engine.clone())?;
-        let slots: Box<[Slot]> = (0..cfg.pages).map(|_| Slot::empty()).collect();
+        // Zeroed, not written: untouched pages cost no DRAM.
+        let slots = Slot::table(cfg.pages as usize);
         let inner = Arc::new(Inner {
             slots,
             pool,
@@ -276,22 +277,20 @@ fn spawn_recompressor(
 ) -> Result<(Arc<AtomicBool>, JoinHandle<()>), StoreError> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    let h = std::thread::Builder::new()
-        .name("zmem-recompress".into())
-        .spawn(move || {
-            let mut last = Instant::now();
-            core.mark_idle();
-            while !flag.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(20).min(every));
-                if last.elapsed() >= every {
-                    let s = core.recompress(codec, true);
-                    tracing::debug!(?s, "idle recompression pass");
-                    core.mark_idle();
-                    last = Instant::now();
-                }
+    let h = zmem_engine::thread::spawn("zmem-recompress".into(), move || {
+        let mut last = Instant::now();
+        core.mark_idle();
+        while !flag.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(20).min(every));
+            if last.elapsed() >= every {
+                let s = core.recompress(codec, true);
+                tracing::debug!(?s, "idle recompression pass");
+                core.mark_idle();
+                last = Instant::now();
             }
-        })
-        .map_err(|e| StoreError::Config(format!("cannot start the recompressor: {e}")))?;
+        }
+    })
+    .map_err(|e| StoreError::Config(format!("cannot start the recompressor: {e}")))?;
     Ok((stop, h))
 }
 
@@ -764,6 +763,10 @@ impl Drop for StoreCore {
         // with the store, then free every page's resources.
         self.inner.inflight.wait();
         for slot in self.inner.slots.iter() {
+            // Empty slots own nothing; skipping them leaves untouched table pages untouched.
+            if slot.peek().kind() == EMPTY {
+                continue;
+            }
             let (st, aux) = slot.lock();
             self.inner.release(st, aux);
             slot.unlock_with(State::new(EMPTY), 0);

@@ -14,6 +14,8 @@
 //! ```
 //! The aux word is written only with LOCK held and published by the unlocking store (Release).
 
+use std::alloc::{self, Layout};
+use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const KIND_MASK: u64 = 0b111;
@@ -31,6 +33,18 @@ pub struct Slot {
     word: AtomicU64,
     aux: AtomicU64,
 }
+
+// The slot table is allocated zeroed (`Slot::table`), so that the kernel hands it out lazily
+// and a huge store costs DRAM only for the pages it holds: an empty slot must be all zero
+// bits, with nothing else in the struct (a new field or padding fails to compile).
+const _: () = {
+    // SAFETY: Slot is two AtomicU64, each with the in-memory representation of a u64.
+    let bits: [u64; 2] = unsafe { std::mem::transmute(Slot::empty()) };
+    assert!(
+        bits[0] == 0 && bits[1] == 0,
+        "Slot::empty() must be all zero bits"
+    );
+};
 
 /// A decoded state word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +91,28 @@ impl Slot {
         }
     }
 
+    /// A table of `n` empty slots, allocated zeroed rather than written: the allocator takes
+    /// a table this large straight from the kernel, which maps its pages only when they are
+    /// first written, so a store for a huge region costs DRAM only for the pages it holds.
+    /// (`Box::new_zeroed_slice` would do, but needs Rust 1.92.)
+    pub fn table(n: usize) -> Box<[Slot]> {
+        let Ok(layout) = Layout::array::<Slot>(n) else {
+            panic!("a table of {n} slots does not fit in memory");
+        };
+        if layout.size() == 0 {
+            return Box::new([]);
+        }
+        // SAFETY: the layout's size is not zero.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) }.cast::<Slot>();
+        if ptr.is_null() {
+            alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: `ptr` is an allocation of the global allocator with the layout of `[Slot; n]`
+        // (the one a Box<[Slot]> of n is freed with), and its contents are valid: all zero bits
+        // is `Slot::empty()` (asserted at compile time above).
+        unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(ptr, n)) }
+    }
+
     /// Takes the page's lock, spinning briefly then yielding; returns the state it held.
     pub fn lock(&self) -> (State, u64) {
         let mut spins = 0u32;
@@ -114,5 +150,28 @@ impl Slot {
     /// A racy look at the state, for scans that lock before acting.
     pub fn peek(&self) -> State {
         State(self.word.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_is_empty_slots() {
+        for n in [0, 1, 7, 100_000] {
+            let t = Slot::table(n);
+            assert_eq!(t.len(), n);
+            for s in t.iter() {
+                assert_eq!(s.peek(), State::new(EMPTY));
+                assert_eq!(s.aux.load(Ordering::Relaxed), 0);
+            }
+            if let Some(s) = t.last() {
+                let (st, _) = s.lock();
+                s.unlock_with(State::new(SAME), 0x0101);
+                assert_eq!(s.lock(), (State::new(SAME), 0x0101));
+                s.unlock_keep(st, 0);
+            }
+        }
     }
 }

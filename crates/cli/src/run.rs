@@ -1,0 +1,690 @@
+//! `zmem run`: runs an unmodified program with its heap in a zmem region (LD_PRELOAD of
+//! libzmem_preload.so, configured through ZMEM_* variables), then prints a summary in the manner
+//! of zramctl. `zmem stat PID`: a running program's live statistics, from its stats socket.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+use zmem_engine::Policy;
+use zmem_region::{Budget, Eviction, Region, RegionConfig, MIN_BUDGET_PAGES, PAGE};
+use zmem_runenv::{OnError, ProcessStats, RunConfig};
+
+use crate::bench::fmt_size;
+use crate::size::parse_size;
+
+/// The preload library's file name.
+pub const PRELOAD_LIB: &str = "libzmem_preload.so";
+/// Overrides where `zmem run` finds the preload library.
+pub const ENV_PRELOAD: &str = "ZMEM_PRELOAD";
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum EvictionArg {
+    Clock,
+    Fifo,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// DRAM the program's heap may keep uncompressed, e.g. 2G (default 256M).
+    #[arg(long, value_parser = parse_size, conflicts_with = "adaptive")]
+    pub resident: Option<u64>,
+    /// Size the resident budget from memory pressure instead (PSI, MemAvailable, refaults).
+    #[arg(long)]
+    pub adaptive: bool,
+    /// Virtual size of the heap: the most the program can allocate (default 4x this machine's
+    /// memory; untouched parts cost nothing).
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// DRAM the compressed pages may use (like zram's mem_limit); default unlimited.
+    #[arg(long, value_parser = parse_size)]
+    pub store_limit: Option<u64>,
+    /// Compression policy: fast (lz4), balanced (zstd-1), max (zstd, blocks), auto.
+    #[arg(long, default_value = "fast", value_parser = crate::cli::POLICIES)]
+    pub policy: String,
+    /// Which pages leave DRAM first.
+    #[arg(long, value_enum, default_value = "clock")]
+    pub eviction: EvictionArg,
+    /// Threads serving the program's page faults.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub handler_threads: u8,
+    /// Write the final statistics as JSON here.
+    #[arg(long)]
+    pub stats: Option<PathBuf>,
+    /// No summary when the program exits.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Run the program uncompressed (with a warning) if zmem cannot start inside it, instead of
+    /// failing.
+    #[arg(long)]
+    pub fallback: bool,
+    /// The preload library (default: next to this executable, or $ZMEM_PRELOAD).
+    #[arg(long)]
+    pub preload: Option<PathBuf>,
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, num_args = 1..)]
+    pub command: Vec<OsString>,
+}
+
+/// Why `zmem run` did not run the program; each has its exit status.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}: command not found")]
+    NotFound(String),
+    #[error("{0}: permission denied (not an executable file)")]
+    NotExecutable(PathBuf),
+    #[error(
+        "{0} is statically linked: LD_PRELOAD cannot apply to it, so zmem cannot serve its heap"
+    )]
+    Static(PathBuf),
+    #[error(
+        "{0} is set-user-ID or set-group-ID: the loader ignores LD_PRELOAD for it, so zmem cannot serve its heap"
+    )]
+    Setuid(PathBuf),
+    #[error("{0}")]
+    Config(String),
+    #[error("zmem cannot serve a heap on this machine: {0}")]
+    Unavailable(String),
+    #[error(
+        "cannot find {PRELOAD_LIB} (looked in: {0}); build it with `cargo build --release --workspace`, or pass --preload PATH"
+    )]
+    NoLibrary(String),
+    #[error("cannot start {0}: {1}")]
+    Spawn(String, std::io::Error),
+    #[error("{0}")]
+    Io(String),
+}
+
+impl RunError {
+    /// The shell's conventions: 127 not found, 126 cannot execute, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::NotFound(_) => 127,
+            RunError::NotExecutable(_) | RunError::Static(_) | RunError::Setuid(_) => 126,
+            _ => 1,
+        }
+    }
+}
+
+/// What `--stats FILE` holds.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RunReport {
+    pub command: Vec<String>,
+    /// Exit status, or 128 + signal.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub wall_s: f64,
+    pub user_cpu_s: f64,
+    pub system_cpu_s: f64,
+    /// Peak resident set of the program (kernel's maxrss), bytes.
+    pub max_rss: u64,
+    /// The program's zmem statistics at exit (None: zmem never started in it).
+    pub zmem: Option<ProcessStats>,
+    /// Where the statistics come from: "exit report" or "last live sample".
+    pub source: String,
+    /// Other processes under this run that used zmem (exec'd children).
+    pub others: Vec<ProcessStats>,
+}
+
+fn machine_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(u64::MAX)
+}
+
+/// The settings for the program, checked.
+pub fn config(a: &RunArgs, report_dir: &Path) -> Result<RunConfig, RunError> {
+    let mem = machine_memory();
+    let min = (MIN_BUDGET_PAGES * PAGE) as u64;
+    let resident = if a.adaptive {
+        None
+    } else {
+        let r = a.resident.unwrap_or(zmem_runenv::DEFAULT_RESIDENT);
+        if r < min {
+            return Err(RunError::Config(format!(
+                "--resident {} is too small to start: at least {} is needed",
+                fmt_size(r),
+                fmt_size(min)
+            )));
+        }
+        if r > mem {
+            return Err(RunError::Config(format!(
+                "--resident {} is larger than this machine's memory ({})",
+                fmt_size(r),
+                fmt_size(mem)
+            )));
+        }
+        Some(r)
+    };
+    if let Some(s) = a.size {
+        if s < (1 << 20) {
+            return Err(RunError::Config(format!(
+                "--size {} is too small: at least 1M",
+                fmt_size(s)
+            )));
+        }
+        if let Some(r) = resident {
+            if s < r {
+                return Err(RunError::Config(format!(
+                    "--size {} is smaller than --resident {}",
+                    fmt_size(s),
+                    fmt_size(r)
+                )));
+            }
+        }
+    }
+    if let Some(l) = a.store_limit {
+        if l < (1 << 20) {
+            return Err(RunError::Config(format!(
+                "--store-limit {} is too small: at least 1M",
+                fmt_size(l)
+            )));
+        }
+        if l > mem {
+            return Err(RunError::Config(format!(
+                "--store-limit {} is larger than this machine's memory ({})",
+                fmt_size(l),
+                fmt_size(mem)
+            )));
+        }
+    }
+    let policy: Policy = a
+        .policy
+        .parse()
+        .map_err(|e| RunError::Config(format!("--policy: {e}")))?;
+    Ok(RunConfig {
+        resident,
+        size: a.size,
+        store_limit: a.store_limit,
+        policy,
+        eviction: match a.eviction {
+            EvictionArg::Clock => Eviction::Clock,
+            EvictionArg::Fifo => Eviction::Fifo,
+        },
+        handler_threads: a.handler_threads as usize,
+        report_dir: Some(report_dir.to_path_buf()),
+        socket_dir: std::env::var_os(zmem_runenv::ENV_SOCKET_DIR).map(PathBuf::from),
+        on_error: if a.fallback {
+            OnError::Off
+        } else {
+            OnError::Fail
+        },
+        log: std::env::var(zmem_runenv::ENV_LOG).ok(),
+    })
+}
+
+/// Finds `name` as the shell would: a path if it has a slash, else along $PATH.
+pub fn resolve(name: &OsString) -> Result<PathBuf, RunError> {
+    let p = Path::new(name);
+    let shown = p.display().to_string();
+    if p.as_os_str().is_empty() {
+        return Err(RunError::NotFound(shown));
+    }
+    let candidates: Vec<PathBuf> = if shown.contains('/') {
+        vec![p.to_path_buf()]
+    } else {
+        std::env::var_os("PATH")
+            .map(|path| std::env::split_paths(&path).map(|d| d.join(p)).collect())
+            .unwrap_or_default()
+    };
+    let mut denied = None;
+    for c in candidates {
+        let Ok(md) = std::fs::metadata(&c) else {
+            continue;
+        };
+        if md.is_file() && md.permissions().mode() & 0o111 != 0 {
+            return Ok(c);
+        }
+        denied.get_or_insert(c);
+    }
+    Err(match denied {
+        Some(c) => RunError::NotExecutable(c),
+        None => RunError::NotFound(shown),
+    })
+}
+
+/// Refuses programs LD_PRELOAD cannot apply to: static ELF executables (no interpreter) and
+/// set-user-ID/set-group-ID files. Scripts (#!) run their interpreter, which is checked by the
+/// loader like any program.
+pub fn check_preloadable(path: &Path) -> Result<(), RunError> {
+    let md =
+        std::fs::metadata(path).map_err(|e| RunError::Io(format!("{}: {e}", path.display())))?;
+    if md.permissions().mode() & 0o6000 != 0 {
+        return Err(RunError::Setuid(path.to_path_buf()));
+    }
+    let mut head = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(64 * 1024).read_to_end(&mut head))
+        .map_err(|e| RunError::Io(format!("{}: {e}", path.display())))?;
+    match elf_has_interpreter(&head) {
+        Some(false) => Err(RunError::Static(path.to_path_buf())),
+        _ => Ok(()),
+    }
+}
+
+/// Some(true/false) for a 64-bit little-endian ELF executable with/without PT_INTERP; None if
+/// the bytes are not one (or its program headers lie beyond `head`).
+pub fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
+    if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
+        return None;
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().unwrap()) as usize;
+    let (phoff, phentsize, phnum) = (u64_at(32), u16_at(54), u16_at(56));
+    const PT_INTERP: u32 = 3;
+    for i in 0..phnum {
+        let o = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        let b = head.get(o..o + 4)?;
+        let t = u32::from_le_bytes(b.try_into().unwrap());
+        if t == PT_INTERP {
+            return Some(true);
+        }
+    }
+    Some(false)
+}
+
+/// The preload library: --preload, $ZMEM_PRELOAD, next to this executable, or ../lib/.
+pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, RunError> {
+    let mut tried = Vec::new();
+    let mut candidates = Vec::new();
+    if let Some(p) = explicit {
+        candidates.push(p.to_path_buf());
+    } else {
+        if let Some(p) = std::env::var_os(ENV_PRELOAD) {
+            candidates.push(PathBuf::from(p));
+        }
+        if let Ok(exe) = std::env::current_exe() {
+            if let Some(dir) = exe.parent() {
+                candidates.push(dir.join(PRELOAD_LIB));
+                // cargo test binaries live in target/<profile>/deps.
+                candidates.push(dir.join("..").join(PRELOAD_LIB));
+                candidates.push(dir.join("../lib/zmem").join(PRELOAD_LIB));
+            }
+        }
+    }
+    for c in candidates {
+        if c.is_file() {
+            return c
+                .canonicalize()
+                .map_err(|e| RunError::Io(format!("{}: {e}", c.display())));
+        }
+        tried.push(c.display().to_string());
+    }
+    Err(RunError::NoLibrary(tried.join(", ")))
+}
+
+/// Checks that a region can be made here and now (userfaultfd permission and features), so a
+/// program is never started only to fail inside.
+pub fn check_userfaultfd() -> Result<(), RunError> {
+    let cfg = RegionConfig::new(1 << 20, Budget::Fixed((MIN_BUDGET_PAGES * PAGE) as u64));
+    Region::new(cfg)
+        .map(drop)
+        .map_err(|e| RunError::Unavailable(e.to_string()))
+}
+
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Terminal signals reach the program (it is in our process group) and zmem stays to report;
+/// termination requests sent to zmem alone are passed on.
+fn handle_signals() {
+    // SAFETY: installing handlers / ignoring signals in this single-purpose process.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        for s in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+            libc::signal(s, forward as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+/// Reads one process's live statistics from its socket.
+pub fn query(dir: &Path, pid: u32) -> std::io::Result<ProcessStats> {
+    let path = zmem_runenv::socket_path(dir, pid);
+    let s = UnixStream::connect(&path)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// Runs the program; returns its exit status (128 + signal if killed).
+pub fn run(a: &RunArgs) -> Result<i32, RunError> {
+    let report_dir = tempfile::Builder::new()
+        .prefix("zmem-run-")
+        .tempdir()
+        .map_err(|e| RunError::Io(format!("cannot make a report directory: {e}")))?;
+    let cfg = config(a, report_dir.path())?;
+    let program = resolve(&a.command[0])?;
+    check_preloadable(&program)?;
+    let lib = find_library(a.preload.as_deref())?;
+    check_userfaultfd()?;
+
+    let mut preload = lib.as_os_str().to_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = Command::new(&program);
+    cmd.arg0(&a.command[0]).args(&a.command[1..]);
+    for v in zmem_runenv::ALL_VARS {
+        cmd.env_remove(v);
+    }
+    cmd.envs(cfg.to_vars()).env("LD_PRELOAD", preload);
+    let name = a.command[0].to_string_lossy().into_owned();
+    let started = Instant::now();
+    let child = cmd.spawn().map_err(|e| RunError::Spawn(name.clone(), e))?;
+    let pid = child.id();
+    CHILD.store(pid as i32, Ordering::Relaxed);
+    handle_signals();
+
+    let socket_dir = zmem_runenv::socket_dir(cfg.socket_dir.as_deref());
+    let mut last_live: Option<ProcessStats> = None;
+    let mut status = 0;
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let mut next_poll = Instant::now() + Duration::from_millis(200);
+    loop {
+        // SAFETY: waiting for our own child, filling status and ru.
+        let r = unsafe { libc::wait4(pid as i32, &mut status, libc::WNOHANG, &mut ru) };
+        if r == pid as i32 {
+            break;
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(RunError::Io(format!("waiting for {name}: {e}")));
+        }
+        if Instant::now() >= next_poll {
+            if let Ok(s) = query(&socket_dir, pid) {
+                last_live = Some(s);
+            }
+            next_poll = Instant::now() + Duration::from_millis(500);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    CHILD.store(0, Ordering::Relaxed);
+    let wall = started.elapsed();
+    let _ = std::fs::remove_file(zmem_runenv::socket_path(&socket_dir, pid));
+    let (code, signal) = if libc::WIFSIGNALED(status) {
+        let s = libc::WTERMSIG(status);
+        (128 + s, Some(s))
+    } else {
+        (libc::WEXITSTATUS(status), None)
+    };
+
+    let read_report =
+        |p: &Path| -> Option<ProcessStats> { serde_json::from_slice(&std::fs::read(p).ok()?).ok() };
+    let own = read_report(&zmem_runenv::report_path(report_dir.path(), pid));
+    let (zmem, source) = match (own, last_live) {
+        (Some(s), _) => (Some(s), "exit report"),
+        (None, Some(s)) => (Some(s), "last live sample"),
+        (None, None) => (None, "none"),
+    };
+    let mut others: Vec<ProcessStats> = std::fs::read_dir(report_dir.path())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .filter_map(|p| read_report(&p))
+                .filter(|s| s.pid != pid)
+                .collect()
+        })
+        .unwrap_or_default();
+    others.sort_by_key(|s| s.pid);
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let report = RunReport {
+        command: a
+            .command
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect(),
+        exit_code: code,
+        signal,
+        wall_s: wall.as_secs_f64(),
+        user_cpu_s: tv(ru.ru_utime),
+        system_cpu_s: tv(ru.ru_stime),
+        max_rss: ru.ru_maxrss as u64 * 1024,
+        zmem,
+        source: source.into(),
+        others,
+    };
+    if !a.quiet {
+        eprint!("{}", summary(&name, pid, &report));
+    }
+    if let Some(path) = &a.stats {
+        let body = serde_json::to_vec_pretty(&report).expect("plain data");
+        std::fs::write(path, body)
+            .map_err(|e| RunError::Io(format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(code)
+}
+
+/// The zramctl-like table of one or more processes.
+pub fn table(rows: &[&ProcessStats]) -> String {
+    let mut out = format!(
+        "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>8}\n",
+        "PID",
+        "PROGRAM",
+        "HEAP",
+        "BUDGET",
+        "DATA",
+        "COMPR",
+        "TOTAL",
+        "RATIO",
+        "RESIDENT",
+        "FAULTS",
+        "EVICTED",
+        "ZMEM-CPU"
+    );
+    for s in rows {
+        out += &format!(
+            "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>7.2}s\n",
+            s.pid,
+            s.program.chars().take(16).collect::<String>(),
+            human(s.heap_size),
+            human(s.budget),
+            human(s.data()),
+            human(s.compr_data_size),
+            human(s.mem_used_total),
+            format!("{:.2}", s.ratio()),
+            human(s.resident),
+            s.major_faults + s.zero_faults,
+            s.evictions,
+            s.codec_cpu_ns as f64 / 1e9,
+        );
+    }
+    out
+}
+
+fn summary(name: &str, pid: u32, r: &RunReport) -> String {
+    let how = match r.signal {
+        Some(s) => format!("was killed by signal {s}"),
+        None => format!("exited with status {}", r.exit_code),
+    };
+    let mut out = format!(
+        "zmem: {name} (pid {pid}) {how} after {:.1} s; CPU {:.2} s user + {:.2} s system, peak RSS {}\n",
+        r.wall_s,
+        r.user_cpu_s,
+        r.system_cpu_s,
+        human(r.max_rss)
+    );
+    match &r.zmem {
+        None => {
+            out += "zmem: the program never started zmem (did LD_PRELOAD apply?); no statistics\n"
+        }
+        Some(s) => {
+            let mut rows = vec![s];
+            rows.extend(r.others.iter());
+            out += &table(&rows);
+            if r.source != "exit report" {
+                out += &format!(
+                    "zmem: figures are the {} (the program ended without its exit report)\n",
+                    r.source
+                );
+            }
+            if s.store_refused > 0 {
+                out += &format!(
+                    "zmem: the compressed store was full {} times; those pages stayed in DRAM\n",
+                    s.store_refused
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Sizes as zramctl prints them: 1.5G, 300M, 12K.
+pub fn human(n: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (1 << 40, "T"),
+        (1 << 30, "G"),
+        (1 << 20, "M"),
+        (1 << 10, "K"),
+    ];
+    for (unit, s) in UNITS {
+        if n >= unit {
+            let v = n as f64 / unit as f64;
+            return if v >= 100.0 || (v - v.round()).abs() < 0.05 {
+                format!("{:.0}{s}", v)
+            } else {
+                format!("{v:.1}{s}")
+            };
+        }
+    }
+    format!("{n}B")
+}
+
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// Process id of a program running under zmem.
+    pub pid: u32,
+    /// Print the statistics as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Print again every SECONDS until the program exits.
+    #[arg(long, value_name = "SECONDS")]
+    pub watch: Option<f64>,
+}
+
+/// `zmem stat PID`.
+pub fn stat(a: &StatArgs) -> anyhow::Result<()> {
+    let dir = zmem_runenv::socket_dir(
+        std::env::var_os(zmem_runenv::ENV_SOCKET_DIR)
+            .map(PathBuf::from)
+            .as_deref(),
+    );
+    let path = zmem_runenv::socket_path(&dir, a.pid);
+    let mut first = true;
+    loop {
+        let s = match query(&dir, a.pid) {
+            Ok(s) => s,
+            Err(e) if !first && a.watch.is_some() => {
+                eprintln!("zmem: pid {} is gone ({e})", a.pid);
+                return Ok(());
+            }
+            Err(e) => {
+                // SAFETY: kill with signal 0 only checks existence.
+                let alive = unsafe { libc::kill(a.pid as i32, 0) } == 0;
+                anyhow::bail!(
+                    "no zmem statistics for pid {}: {} ({}: {e}){}",
+                    a.pid,
+                    if alive {
+                        "the process is not running under zmem, or belongs to another user"
+                    } else {
+                        "no such process"
+                    },
+                    path.display(),
+                    if path.exists() && !alive {
+                        "; the socket is stale"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        };
+        if a.json {
+            println!("{}", serde_json::to_string(&s)?);
+        } else {
+            if first {
+                print!("{}", table(&[&s]));
+            } else {
+                print!(
+                    "{}",
+                    table(&[&s]).lines().nth(1).unwrap_or("").to_string() + "\n"
+                );
+            }
+        }
+        first = false;
+        match a.watch {
+            Some(secs) if secs > 0.0 => std::thread::sleep(Duration::from_secs_f64(secs)),
+            Some(_) => anyhow::bail!("--watch needs a positive number of seconds"),
+            None => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elf_interpreter_is_found_in_real_binaries() {
+        let sh = std::fs::read("/bin/sh").unwrap();
+        assert_eq!(elf_has_interpreter(&sh), Some(true));
+        assert_eq!(elf_has_interpreter(b"#!/bin/sh\necho hi\n"), None);
+        assert_eq!(elf_has_interpreter(&[0u8; 10]), None);
+        // A minimal static ELF header: no program headers at all.
+        let mut h = vec![0u8; 64];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[4] = 2;
+        h[5] = 1;
+        assert_eq!(elf_has_interpreter(&h), Some(false));
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(0), "0B");
+        assert_eq!(human(4096), "4K");
+        assert_eq!(human(1536 << 20), "1.5G");
+        assert_eq!(human(300 << 20), "300M");
+    }
+
+    #[test]
+    fn resolve_follows_path_and_names_failures() {
+        assert!(resolve(&"sh".into()).unwrap().ends_with("sh"));
+        assert!(matches!(
+            resolve(&"zmem-no-such-program".into()),
+            Err(RunError::NotFound(_))
+        ));
+        assert!(matches!(
+            resolve(&"/etc/hostname".into()),
+            Err(RunError::NotExecutable(_))
+        ));
+    }
+}
