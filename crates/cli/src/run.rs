@@ -130,6 +130,10 @@ pub struct RunReport {
     pub zmem: Option<ProcessStats>,
     /// Where the statistics come from: "exit report" or "last live sample".
     pub source: String,
+    /// The most heap data (resident + compressed, uncompressed bytes) and the most DRAM it took
+    /// (resident + compressed pool), over the live samples (every 0.5 s) and the exit report.
+    pub peak_data: u64,
+    pub peak_dram: u64,
     /// Other processes under this run that used zmem (exec'd children).
     pub others: Vec<ProcessStats>,
 }
@@ -404,6 +408,7 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
 
     let socket_dir = zmem_runenv::socket_dir(cfg.socket_dir.as_deref());
     let mut last_live: Option<ProcessStats> = None;
+    let (mut peak_data, mut peak_dram) = (0u64, 0u64);
     let mut status = 0;
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     let mut next_poll = Instant::now() + Duration::from_millis(200);
@@ -422,6 +427,8 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
         }
         if Instant::now() >= next_poll {
             if let Ok(s) = query(&socket_dir, pid) {
+                peak_data = peak_data.max(s.data());
+                peak_dram = peak_dram.max(s.resident + s.mem_used_total);
                 last_live = Some(s);
             }
             next_poll = Instant::now() + Duration::from_millis(500);
@@ -446,6 +453,10 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
         (None, Some(s)) => (Some(s), "last live sample"),
         (None, None) => (None, "none"),
     };
+    if let Some(s) = &zmem {
+        peak_data = peak_data.max(s.data());
+        peak_dram = peak_dram.max(s.resident + s.mem_used_total);
+    }
     let mut others: Vec<ProcessStats> = std::fs::read_dir(report_dir.path())
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -472,6 +483,8 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
         max_rss: ru.ru_maxrss as u64 * 1024,
         zmem,
         source: source.into(),
+        peak_data,
+        peak_dram,
         others,
     };
     if !a.quiet {
@@ -539,9 +552,22 @@ fn summary(name: &str, pid: u32, r: &RunReport) -> String {
             out += "zmem: the program never started zmem (did LD_PRELOAD apply?); no statistics\n"
         }
         Some(s) => {
+            const SHOWN: usize = 5;
             let mut rows = vec![s];
-            rows.extend(r.others.iter());
+            rows.extend(r.others.iter().take(SHOWN));
             out += &table(&rows);
+            if r.others.len() > SHOWN {
+                out += &format!(
+                    "zmem: and {} more processes this run exec'd\n",
+                    r.others.len() - SHOWN
+                );
+            }
+            out += &format!(
+                "zmem: peak heap data {} in {} of DRAM ({:.2}x)\n",
+                human(r.peak_data),
+                human(r.peak_dram),
+                r.peak_data as f64 / r.peak_dram.max(1) as f64
+            );
             if r.source != "exit report" {
                 out += &format!(
                     "zmem: figures are the {} (the program ended without its exit report)\n",
