@@ -44,6 +44,11 @@ pub struct Cli {
 pub enum Command {
     /// Shows what zmem saves on the built-in demo data (the Calgary corpus), per policy.
     Demo(crate::demo::DemoArgs),
+    /// Runs an unmodified program with its heap compressed: `zmem run --resident 2G -- PROGRAM
+    /// ARGS...`; prints a summary when it exits.
+    Run(crate::run::RunArgs),
+    /// A running program's live statistics (zmem stat PID).
+    Stat(crate::run::StatArgs),
     /// Benchmarks, measured side by side with the kernel's zram.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -69,6 +74,11 @@ pub enum BenchCommand {
     /// The memory hog of `bench adaptive` (internal).
     #[command(hide = true)]
     Hog(crate::bench::adaptive::HogArgs),
+    /// Redis loaded with corpus values until it runs out of memory: no swap, kernel zram swap
+    /// and `zmem run` under the same memory limit, side by side (QZRAM's Redis experiment).
+    Redis(Box<crate::bench::kv::KvArgs>),
+    /// The same experiment on memcached.
+    Memcached(Box<crate::bench::kv::KvArgs>),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -156,6 +166,14 @@ pub struct CodecsArgs {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(a) => crate::demo::run(&a),
+        Command::Run(a) => match crate::run::run(&a) {
+            Ok(code) => std::process::exit(code),
+            Err(e) => {
+                eprintln!("zmem: error: {e}");
+                std::process::exit(e.exit_code());
+            }
+        },
+        Command::Stat(a) => crate::run::stat(&a),
         Command::Bench(BenchCommand::Pages(a)) => bench_pages(&a),
         Command::Bench(BenchCommand::Compare(a)) => bench::compare::run(&a),
         Command::Bench(BenchCommand::Codecs(a)) => bench::codecs::run(&a),
@@ -163,6 +181,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::RegionWorker(a)) => bench::cgroup::worker_main(&a),
         Command::Bench(BenchCommand::Adaptive(a)) => bench::adaptive::run(&a),
         Command::Bench(BenchCommand::Hog(a)) => bench::adaptive::hog_main(&a),
+        Command::Bench(BenchCommand::Redis(a)) => bench::redis::run(&a),
+        Command::Bench(BenchCommand::Memcached(a)) => bench::memcached::run(&a),
     }
 }
 

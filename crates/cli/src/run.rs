@@ -708,9 +708,13 @@ mod tests {
             resolve(&"zmem-no-such-program".into()),
             Err(RunError::NotFound(_))
         ));
+        let t = tempfile::tempdir().unwrap();
+        let plain = t.path().join("data");
+        std::fs::write(&plain, b"not a program").unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(
-            resolve(&"/etc/hostname".into()),
-            Err(RunError::NotExecutable(_))
+            resolve(&plain.clone().into_os_string()),
+            Err(RunError::NotExecutable(p)) if p == plain
         ));
     }
 }

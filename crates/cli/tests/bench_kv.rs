@@ -1,0 +1,486 @@
+//! `zmem bench redis` and `zmem bench memcached`: bad input, and (as root, with the servers
+//! installed) small real runs of the `noswap` and `zram` configurations whose JSON is checked and
+//! after which the machine is as it was (zram0 reset, no swap left, no benchmark cgroup), also
+//! after an interrupt. The `zmem` configuration runs when this build has `zmem run`, and fails
+//! with a clear message otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The root tests share /dev/zram0 and the machine's memory: one at a time.
+static KERNEL: Mutex<()> = Mutex::new(());
+
+const MEMCG: &str = "/sys/fs/cgroup/memory";
+const MIB: u64 = 1 << 20;
+
+fn zmem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zmem"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("running zmem")
+}
+
+/// Exit status 2 and exactly one stderr line `zmem: error: ...` containing `needle`.
+fn fails_with(args: &[&str], needle: &str) {
+    let out = zmem(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr:?}");
+    assert!(lines[0].starts_with("zmem: error: "), "{stderr:?}");
+    assert!(
+        lines[0].contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    for server in ["redis", "memcached"] {
+        let b = |extra: &[&'static str]| {
+            let mut v = vec!["bench", server];
+            v.extend_from_slice(extra);
+            v
+        };
+        fails_with(&b(&["--limit", "12Q"]), "12Q");
+        fails_with(&b(&["--limit=-5M"]), "-5M");
+        fails_with(&b(&["--step", "lots"]), "lots");
+        fails_with(&b(&["--configs", "noswap,floppy"]), "floppy");
+        fails_with(
+            &b(&["--configs", "zram,zram"]),
+            "--configs names zram twice",
+        );
+        fails_with(&b(&["--limit", "8M"]), "--limit 8M is too small");
+        fails_with(&b(&["--step", "4k"]), "--step 4k is too small");
+        fails_with(
+            &b(&["--step", "64M", "--max-data", "32M"]),
+            "--max-data 32M is smaller than --step 64M",
+        );
+        fails_with(&b(&["--compressed", "1M"]), "--compressed 1M is too small");
+        fails_with(&b(&["--clients", "0"]), "--clients");
+        fails_with(&b(&["--pipeline", "0"]), "--pipeline");
+        fails_with(
+            &b(&["--limit", "64M", "--margin", "60M"]),
+            "--margin 60M leaves 4M",
+        );
+        fails_with(&b(&["--policy", "fastest"]), "fastest");
+        fails_with(
+            &b(&["--server", "/nonexistent/server"]),
+            "/nonexistent/server",
+        );
+    }
+}
+
+#[test]
+fn help_lists_the_flags() {
+    for server in ["redis", "memcached"] {
+        let out = zmem(&["bench", server, "--help"]);
+        assert_eq!(out.status.code(), Some(0));
+        let s = String::from_utf8_lossy(&out.stdout);
+        for opt in [
+            "--limit",
+            "--compressed",
+            "--step",
+            "--max-data",
+            "--gets",
+            "--pipeline",
+            "--clients",
+            "--configs",
+            "--margin",
+            "--policy",
+            "--json",
+            "--svg",
+            "--corpus",
+            "--server",
+            "--zram-full-stall",
+        ] {
+            assert!(s.contains(opt), "{server}: help lacks {opt}");
+        }
+    }
+    let out = zmem(&["bench", "--help"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("redis") && s.contains("memcached"), "{s}");
+}
+
+fn corpus() -> Option<String> {
+    let c = zmem_cli::cli::default_corpus();
+    c.exists().then(|| c.display().to_string())
+}
+
+fn tmpdir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+fn read_json(p: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// What a run may change, captured before and compared after.
+#[derive(Debug, PartialEq)]
+struct MachineState {
+    swaps: Vec<String>,
+    cgroups: Vec<PathBuf>,
+    zram0_disksize: String,
+}
+
+fn machine_state() -> MachineState {
+    let swaps = std::fs::read_to_string("/proc/swaps")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+        .collect();
+    let mut cgroups: Vec<PathBuf> = std::fs::read_dir(MEMCG)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("zmem-bench-"))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    cgroups.sort();
+    let zram0_disksize = std::fs::read_to_string("/sys/block/zram0/disksize")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    MachineState {
+        swaps,
+        cgroups,
+        zram0_disksize,
+    }
+}
+
+fn in_path(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+}
+
+/// The corpus and the machine state when a real run can happen here; None (reason printed)
+/// otherwise.
+fn real_run_possible(bin: &str, zram: bool) -> Option<(String, MachineState)> {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid != 0 {
+        eprintln!("skipped: needs root (uid {uid})");
+        return None;
+    }
+    if !Path::new(MEMCG).join("cgroup.procs").exists() {
+        eprintln!("skipped: no cgroup v1 memory controller at {MEMCG}");
+        return None;
+    }
+    if !in_path(bin) {
+        eprintln!("skipped: {bin} is not installed");
+        return None;
+    }
+    let Some(c) = corpus() else {
+        eprintln!("skipped: no corpus");
+        return None;
+    };
+    let s = machine_state();
+    if zram && (s.zram0_disksize != "0" || s.swaps.iter().any(|d| d == "/dev/zram0")) {
+        eprintln!("skipped: /dev/zram0 is missing or in use ({s:?})");
+        return None;
+    }
+    Some((c, s))
+}
+
+/// True when the run skipped zram because zram0 got busy meanwhile (another user).
+fn raced(doc: &serde_json::Value) -> bool {
+    doc["skipped"].as_array().is_some_and(|v| {
+        v.iter()
+            .any(|s| s["config"] == "zram" && s["reason"].as_str().unwrap_or("").contains("in use"))
+    })
+}
+
+fn result<'a>(doc: &'a serde_json::Value, config: &str) -> &'a serde_json::Value {
+    doc["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["config"] == config)
+        .unwrap_or_else(|| panic!("no {config} result: {doc}"))
+}
+
+/// The checks every finished configuration passes.
+fn check_config(r: &serde_json::Value, step: u64, gets: u64) {
+    let name = r["config"].as_str().unwrap();
+    let steps = r["steps"].as_array().unwrap();
+    assert!(!steps.is_empty(), "{name}: no step: {r}");
+    let mut prev = 0;
+    for s in steps {
+        let d = s["data_bytes"].as_u64().unwrap();
+        assert!(
+            d > prev && d >= prev + step - 4096,
+            "{name}: steps {prev} -> {d}"
+        );
+        assert!(d < prev + step + 4096, "{name}: steps {prev} -> {d}");
+        prev = d;
+        assert_eq!(s["gets"], gets, "{name}");
+        assert!(s["set_ops_s"].as_f64().unwrap() > 0.0, "{name}");
+        assert!(s["get_ops_s"].as_f64().unwrap() > 0.0, "{name}");
+        assert!(s["server_rss"].as_u64().unwrap() > 0, "{name}");
+        assert!(s["cgroup_usage"].as_u64().unwrap() > 0, "{name}");
+    }
+    assert_eq!(r["data_held"], prev, "{name}");
+    let restored = &r["restored"];
+    assert_eq!(restored["swaps_as_before"], true, "{name}: {restored}");
+    assert_eq!(restored["cgroup_removed"], true, "{name}: {restored}");
+}
+
+/// A small noswap + zram run of `server`: noswap is OOM-killed below the limit, zram holds more,
+/// every step verified, the machine restored.
+fn noswap_and_zram(server: &str, bin: &str) {
+    let _g = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((c, before)) = real_run_possible(bin, true) else {
+        return;
+    };
+    let dir = tmpdir();
+    let json = dir.path().join("kv.json");
+    let svg = dir.path().join("kv.svg");
+    let (js, ss) = (json.display().to_string(), svg.display().to_string());
+    let t0 = Instant::now();
+    let out = zmem(&[
+        "bench",
+        server,
+        "--configs",
+        "noswap,zram",
+        "--limit",
+        "48M",
+        "--step",
+        "8M",
+        "--max-data",
+        "320M",
+        "--gets",
+        "1000",
+        "--zram-full-stall",
+        "5",
+        "--corpus",
+        &c,
+        "--json",
+        &js,
+        "--svg",
+        &ss,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{server}: {:.1} s\n{stdout}", t0.elapsed().as_secs_f64());
+    assert_eq!(machine_state(), before, "machine not restored; {stderr}");
+    assert_eq!(
+        std::fs::read_to_string("/sys/block/zram0/disksize")
+            .unwrap()
+            .trim(),
+        "0"
+    );
+    let doc = read_json(&json);
+    if raced(&doc) {
+        eprintln!("skipped: {}", doc["skipped"]);
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(doc["error"].is_null(), "{}", doc["error"]);
+    for k in ["command", "args", "machine", "corpus", "plan", "ratios"] {
+        assert!(!doc[k].is_null(), "JSON lacks {k}");
+    }
+    let noswap = result(&doc, "noswap");
+    let zram = result(&doc, "zram");
+    check_config(noswap, 8 * MIB, 1000);
+    check_config(zram, 8 * MIB, 1000);
+    // Without swap the server dies by the cgroup's OOM killer before it holds the limit.
+    assert_eq!(noswap["stop"]["kind"], "oom-killed", "{}", noswap["stop"]);
+    assert!(noswap["oom_kills"].as_u64().unwrap() >= 1);
+    let n = noswap["data_held"].as_u64().unwrap();
+    assert!((16 * MIB..48 * MIB).contains(&n), "noswap held {n}");
+    assert_eq!(noswap["data_at_oom"], n);
+    // zram swap holds more, until zram is full.
+    let z = zram["data_held"].as_u64().unwrap();
+    let zkind = zram["stop"]["kind"].as_str().unwrap();
+    assert!(
+        ["oom-killed", "zram-full"].contains(&zkind),
+        "{}",
+        zram["stop"]
+    );
+    assert!(z > n + 16 * MIB, "zram held {z}, noswap {n}");
+    assert!(z < 320 * MIB, "zram held {z} with 48M + 48M of DRAM");
+    assert_eq!(zram["zram"]["mem_limit"], 48 * MIB);
+    let last = zram["steps"].as_array().unwrap().last().unwrap();
+    assert!(last["zram"]["orig_data_size"].as_u64().unwrap() > 16 * MIB);
+    assert!(last["cgroup_stat"]["swap"].as_u64().unwrap() > 16 * MIB);
+    // Both ran, so the zram/noswap ratio is there; zmem's are not.
+    let ratios = &doc["ratios"];
+    assert!(ratios["data_zram_over_noswap"].as_f64().unwrap() > 1.3);
+    assert!(ratios["data_zmem_over_zram"].is_null());
+    assert!(stdout.contains("data at OOM"), "{stdout}");
+    assert!(stdout.contains("noswap SET/s"), "{stdout}");
+    assert!(stdout.contains("OOM"), "{stdout}");
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.contains("<svg") && svg_text.contains("zram"));
+    for step in [
+        "swapoff /dev/zram0",
+        "removed cgroup",
+        "restored /dev/zram0",
+    ] {
+        assert!(stderr.contains(step), "{step:?} missing: {stderr}");
+    }
+}
+
+#[test]
+fn redis_noswap_and_zram() {
+    noswap_and_zram("redis", "redis-server");
+}
+
+#[test]
+fn memcached_noswap_and_zram() {
+    noswap_and_zram("memcached", "memcached");
+}
+
+/// Pids of the tasks of the benchmark cgroup of the zmem process `pid`.
+fn cgroup_tasks(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("{MEMCG}/zmem-bench-{pid}/cgroup.procs"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+#[test]
+fn interrupt_during_zram_restores_the_machine() {
+    let _g = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((c, before)) = real_run_possible("redis-server", true) else {
+        return;
+    };
+    let dir = tmpdir();
+    let json = dir.path().join("kv.json");
+    let svg = dir.path().join("kv.svg");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zmem"))
+        .args([
+            "bench",
+            "redis",
+            "--configs",
+            "zram",
+            "--limit",
+            "32M",
+            "--step",
+            "4M",
+            "--max-data",
+            "4G",
+            "--gets",
+            "200000",
+            "--corpus",
+            &c,
+            "--json",
+            &json.display().to_string(),
+            "--svg",
+            &svg.display().to_string(),
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the server runs in its cgroup with zram as swap.
+    let t0 = Instant::now();
+    let mut server = None;
+    while t0.elapsed() < Duration::from_secs(30) {
+        let tasks = cgroup_tasks(child.id());
+        let swapping = std::fs::read_to_string("/proc/swaps")
+            .unwrap()
+            .contains("/dev/zram0");
+        if swapping && !tasks.is_empty() {
+            server = Some(tasks[0]);
+            break;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: the pid is our child, not yet reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let Some(server) = server else {
+        if stderr.contains("in use") {
+            eprintln!("skipped: zram0 got busy: {stderr}");
+            return;
+        }
+        panic!("the server never ran in its cgroup: {stderr}");
+    };
+    assert_eq!(machine_state(), before, "machine not restored; {stderr}");
+    assert!(
+        !Path::new(&format!("/proc/{server}")).exists(),
+        "the server {server} survived: {stderr}"
+    );
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let doc = read_json(&json);
+    assert!(doc["error"].as_str().unwrap().contains("interrupted"));
+}
+
+fn zmem_run_available() -> bool {
+    zmem(&["run", "--help"]).status.success()
+}
+
+#[test]
+fn zmem_config_runs_or_says_why_not() {
+    let _g = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((c, before)) = real_run_possible("redis-server", false) else {
+        return;
+    };
+    let dir = tmpdir();
+    let json = dir.path().join("kv.json");
+    let svg = dir.path().join("kv.svg");
+    let (js, ss) = (json.display().to_string(), svg.display().to_string());
+    let out = zmem(&[
+        "bench",
+        "redis",
+        "--configs",
+        "zmem",
+        "--limit",
+        "64M",
+        "--margin",
+        "32M",
+        "--step",
+        "16M",
+        "--max-data",
+        "80M",
+        "--stall-timeout",
+        "30",
+        "--gets",
+        "2000",
+        "--corpus",
+        &c,
+        "--json",
+        &js,
+        "--svg",
+        &ss,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(machine_state(), before, "machine not restored; {stderr}");
+    let doc = read_json(&json);
+    if !zmem_run_available() {
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(last.starts_with("zmem: error: "), "{stderr}");
+        assert!(last.contains("`zmem run` is not available"), "{stderr}");
+        assert_eq!(doc["skipped"][0]["config"], "zmem");
+        return;
+    }
+    let why = doc["skipped"][0]["reason"].as_str().unwrap_or_default();
+    if why.contains("cannot find libzmem_preload.so") {
+        eprintln!("skipped: the preload library is not built: {why}");
+        return;
+    }
+    // 80M of values with 32M of resident heap and a 64M compressed pool: held, all verified.
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let r = result(&doc, "zmem");
+    check_config(r, 16 * MIB, 2000);
+    assert_eq!(r["stop"]["kind"], "max-data", "{}", r["stop"]);
+    assert!(r["data_held"].as_u64().unwrap() >= 80 * MIB);
+    assert_eq!(r["cgroup_limit"], 128 * MIB);
+}
