@@ -17,9 +17,27 @@ fn mib(bytes: u64) -> String {
 use crate::cli::default_corpus;
 use crate::size::parse_size;
 
+/// What the demo shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoWhat {
+    /// The page store: each policy's savings on the corpus.
+    Store,
+    /// `zmem run` on a real program: redis-server holding several times its DRAM budget.
+    Redis,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
-    /// Bytes of corpus data to store per policy (k, m, g suffixes).
+    /// `store` (default) or `redis`.
+    #[arg(value_enum, default_value = "store")]
+    pub what: DemoWhat,
+    /// DRAM budget of redis's heap in `zmem demo redis`.
+    #[arg(long, value_parser = parse_size, default_value = "32M")]
+    pub resident: u64,
+    /// Compression policy of redis's heap in `zmem demo redis`.
+    #[arg(long, default_value = "balanced", value_parser = crate::cli::POLICIES)]
+    pub policy: String,
+    /// Bytes of corpus data to store per policy, or in redis (k, m, g suffixes).
     #[arg(long, value_parser = parse_size, default_value = "256M")]
     pub size: u64,
     /// Corpus directory [default: ../shared/corpora/calgary or /work/shared/corpora/calgary]
@@ -29,6 +47,9 @@ pub struct DemoArgs {
 
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let corpus = Corpus::load(&args.corpus.clone().unwrap_or_else(default_corpus))?;
+    if args.what == DemoWhat::Redis {
+        return crate::demo_redis::run(&corpus, args.resident, args.size, &args.policy);
+    }
     install_abort_handler();
     let spec = PagesSpec {
         rw: Rw::Write,

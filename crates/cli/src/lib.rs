@@ -4,5 +4,6 @@
 pub mod bench;
 pub mod cli;
 pub mod demo;
+pub mod demo_redis;
 pub mod run;
 pub mod size;
