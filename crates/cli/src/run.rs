@@ -134,6 +134,8 @@ pub struct RunReport {
     /// (resident + compressed pool), over the live samples (every 0.5 s) and the exit report.
     pub peak_data: u64,
     pub peak_dram: u64,
+    /// Whether the program was allowed to run uncompressed (--fallback).
+    pub fallback: bool,
     /// Other processes under this run that used zmem (exec'd children).
     pub others: Vec<ProcessStats>,
 }
@@ -172,7 +174,7 @@ pub fn config(a: &RunArgs, report_dir: &Path) -> Result<RunConfig, RunError> {
             return Err(RunError::Config(format!(
                 "--resident {} is larger than this machine's memory ({})",
                 fmt_size(r),
-                fmt_size(mem)
+                human(mem)
             )));
         }
         Some(r)
@@ -205,7 +207,7 @@ pub fn config(a: &RunArgs, report_dir: &Path) -> Result<RunConfig, RunError> {
             return Err(RunError::Config(format!(
                 "--store-limit {} is larger than this machine's memory ({})",
                 fmt_size(l),
-                fmt_size(mem)
+                human(mem)
             )));
         }
     }
@@ -386,7 +388,10 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
     let program = resolve(&a.command[0])?;
     check_preloadable(&program)?;
     let lib = find_library(a.preload.as_deref())?;
-    check_userfaultfd()?;
+    if !a.fallback {
+        // With --fallback the library itself warns and lets the program run uncompressed.
+        check_userfaultfd()?;
+    }
 
     let mut preload = lib.as_os_str().to_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -485,6 +490,7 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
         source: source.into(),
         peak_data,
         peak_dram,
+        fallback: a.fallback,
         others,
     };
     if !a.quiet {
@@ -548,6 +554,9 @@ fn summary(name: &str, pid: u32, r: &RunReport) -> String {
         human(r.max_rss)
     );
     match &r.zmem {
+        None if r.fallback => {
+            out += "zmem: zmem did not start in the program, which ran uncompressed (--fallback; see the warning above)\n"
+        }
         None => {
             out += "zmem: the program never started zmem (did LD_PRELOAD apply?); no statistics\n"
         }

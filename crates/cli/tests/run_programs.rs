@@ -1,0 +1,1324 @@
+//! `zmem run` on real programs, end to end: a multi-threaded C malloc stress test and a C program
+//! that forks and execs (sources in tests/c/, compiled with `cc` at test time), Debian's
+//! redis-server (BGSAVE through fork, its RDB file loaded back by a plain redis-server) and
+//! memcached holding data sets several times their resident budget with every value verified,
+//! `zmem stat` on a live program, and bad input (clear one-line messages and the shell's exit
+//! codes).
+//!
+//! The preload library is a cdylib that `cargo test` does not build: these tests fail (never
+//! skip) when `cargo build --workspace` has not put target/<profile>/libzmem_preload.so next to
+//! the zmem binary. Tests that need /dev/userfaultfd skip with the reason where it cannot be
+//! opened; the servers' tests skip where the server is not installed. Servers listen on free
+//! ports of 127.0.0.1 only, and every process a test starts is stopped by its pid (SIGTERM, then
+//! SIGKILL after a timeout) when the test ends, whether it passes or not.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use zmem_region::{Budget, Region, RegionConfig, RegionError, MIN_BUDGET_PAGES, PAGE};
+
+const MIB: u64 = 1 << 20;
+
+/// The machine has few cores: the heavy tests run one at a time.
+static HEAVY: Mutex<()> = Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn zmem_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_zmem"))
+}
+
+/// Fails (never skips) when the preload library has not been built next to zmem.
+fn require_preload() {
+    let lib = zmem_exe()
+        .parent()
+        .expect("zmem has a directory")
+        .join("libzmem_preload.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build --workspace` before `cargo test` (the preload library \
+         is a cdylib, which `cargo test` does not build)",
+        lib.display()
+    );
+}
+
+/// Whether this user can make a region; prints why not.
+fn userfaultfd_available() -> bool {
+    let cfg = RegionConfig::new(1 << 20, Budget::Fixed((MIN_BUDGET_PAGES * PAGE) as u64));
+    match Region::new(cfg) {
+        Ok(_) => true,
+        Err(e @ RegionError::Permission { .. }) => {
+            eprintln!("skipped: {e}");
+            false
+        }
+        Err(e) => panic!("creating a region: {e}"),
+    }
+}
+
+/// The common preamble of the tests that run a program under zmem.
+fn ready() -> bool {
+    require_preload();
+    userfaultfd_available()
+}
+
+fn tmpdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("run-programs-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("a temporary directory")
+}
+
+/// A short directory for stats sockets (a unix socket's path has at most 107 bytes), private
+/// to this user as zmem requires.
+fn socket_dir() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("zmem-sock-")
+        .tempdir()
+        .expect("a temporary directory");
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    d
+}
+
+fn installed(bin: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+}
+
+/// Compiles tests/c/`name`.c into `dir`.
+fn compile(name: &str, dir: &Path, extra: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let out = dir.join(name);
+    let res = Command::new("cc")
+        .args(["-O2", "-Wall", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(extra)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cc (a C compiler is needed): {e}"));
+    assert!(
+        res.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&res.stderr)
+    );
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes: started here, stopped by pid.
+
+/// A process's identity: pid and start time (so that a reused pid is never signalled).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ProcId {
+    pid: i32,
+    start: u64,
+}
+
+/// Fields of /proc/PID/stat after the command name: (ppid, start time).
+fn proc_stat(pid: i32) -> Option<(i32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state); ppid is field 4, starttime field 22.
+    Some((f.get(1)?.parse().ok()?, f.get(19)?.parse().ok()?))
+}
+
+impl ProcId {
+    fn of(pid: i32) -> Option<ProcId> {
+        proc_stat(pid).map(|(_, start)| ProcId { pid, start })
+    }
+
+    fn alive(&self) -> bool {
+        ProcId::of(self.pid) == Some(*self)
+    }
+
+    fn signal(&self, sig: i32) {
+        if self.alive() {
+            // SAFETY: plain kill(2) of a process this test started (same pid and start time).
+            unsafe { libc::kill(self.pid, sig) };
+        }
+    }
+}
+
+/// Children of `pid`'s main thread (from /proc/PID/task/PID/children, or by scanning /proc
+/// where the kernel lacks that file).
+fn children(pid: i32) -> Vec<i32> {
+    match std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
+        Ok(t) => {
+            return t
+                .split_whitespace()
+                .filter_map(|s| s.parse().ok())
+                .collect()
+        }
+        Err(_) if !Path::new(&format!("/proc/{pid}/task/{pid}")).exists() => return Vec::new(),
+        Err(_) => {}
+    }
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
+            if proc_stat(p).is_some_and(|(ppid, _)| ppid == pid) {
+                v.push(p);
+            }
+        }
+    }
+    v
+}
+
+/// All descendants of `pid`, with their identities.
+fn descendants(pid: i32) -> Vec<ProcId> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        for c in children(p) {
+            if let Some(id) = ProcId::of(c) {
+                out.push(id);
+                todo.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// A started process (normally `zmem run ...`), stopped with its descendants when dropped:
+/// SIGTERM to the process (zmem forwards it to the program), then SIGKILL to whatever of the
+/// tree is left after a timeout.
+struct Proc {
+    child: Child,
+    id: ProcId,
+    name: String,
+    stdout: PathBuf,
+    stderr: PathBuf,
+    status: Option<ExitStatus>,
+    /// Descendants seen so far (a hung program may outlive zmem).
+    seen: Vec<ProcId>,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr in files of `dir` named after `tag`.
+    fn start(mut cmd: Command, dir: &Path, tag: &str) -> Proc {
+        let stdout = dir.join(format!("{tag}.stdout"));
+        let stderr = dir.join(format!("{tag}.stderr"));
+        cmd.stdin(Stdio::null())
+            .stdout(File::create(&stdout).expect("stdout file"))
+            .stderr(File::create(&stderr).expect("stderr file"))
+            .env_remove("RUST_LOG")
+            .env_remove("LD_PRELOAD");
+        let name = format!("{cmd:?}");
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let pid = child.id() as i32;
+        let id = ProcId::of(pid).unwrap_or(ProcId { pid, start: 0 });
+        Proc {
+            child,
+            id,
+            name,
+            stdout,
+            stderr,
+            status: None,
+            seen: Vec::new(),
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.id.pid
+    }
+
+    fn note_descendants(&mut self) {
+        for d in descendants(self.pid()) {
+            if !self.seen.contains(&d) {
+                self.seen.push(d);
+            }
+        }
+    }
+
+    fn try_wait(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.note_descendants();
+            self.status = self.child.try_wait().expect("waitpid");
+        }
+        self.status
+    }
+
+    /// Waits up to `timeout`; None if it is still running.
+    fn wait_for(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits up to `timeout` for the exit; panics with its output if it does not come.
+    fn wait_or_panic(&mut self, timeout: Duration) -> ExitStatus {
+        match self.wait_for(timeout) {
+            Some(s) => s,
+            None => {
+                self.stop();
+                panic!(
+                    "{} did not finish within {timeout:?} (stopped)\nstdout: {}\nstderr: {}",
+                    self.name,
+                    tail(&self.stdout_text()),
+                    tail(&self.stderr_text())
+                );
+            }
+        }
+    }
+
+    fn stdout_text(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// SIGTERM, up to 10 s, then SIGKILL to the process and every descendant seen.
+    fn stop(&mut self) {
+        if self.try_wait().is_none() {
+            self.id.signal(libc::SIGTERM);
+            if self.wait_for(Duration::from_secs(10)).is_none() {
+                self.note_descendants();
+                self.id.signal(libc::SIGKILL);
+                self.status = self.child.wait().ok();
+            }
+        }
+        let mut left: Vec<ProcId> = self.seen.iter().copied().filter(|d| d.alive()).collect();
+        if left.is_empty() {
+            return;
+        }
+        for d in &left {
+            d.signal(libc::SIGTERM);
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            left.retain(|d| d.alive() && !is_zombie(d.pid));
+            if left.is_empty() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for d in &left {
+            d.signal(libc::SIGKILL);
+        }
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|t| t.rfind(')').map(|i| t[i + 2..].starts_with('Z')))
+        .unwrap_or(false)
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {} ({:?}) stdout:\n{}\n--- stderr:\n{}",
+                self.name,
+                self.status,
+                tail(&self.stdout_text()),
+                tail(&self.stderr_text())
+            );
+        }
+    }
+}
+
+/// The last lines of a long output.
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    let from = lines.len().saturating_sub(40);
+    lines[from..].join("\n")
+}
+
+/// What a finished command left.
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `cmd` to completion (at most `timeout`, else the test fails).
+fn run_to_end(cmd: Command, dir: &Path, tag: &str, timeout: Duration) -> Finished {
+    let mut p = Proc::start(cmd, dir, tag);
+    let status = p.wait_or_panic(timeout);
+    Finished {
+        code: status.code(),
+        stdout: p.stdout_text(),
+        stderr: p.stderr_text(),
+    }
+}
+
+fn zmem_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(zmem_exe());
+    c.args(args);
+    for v in zmem_runenv::ALL_VARS {
+        c.env_remove(v);
+    }
+    c
+}
+
+fn read_report(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("the --stats file {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
+}
+
+fn num(v: &serde_json::Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no number {key} in {v}"))
+}
+
+/// A free TCP port on 127.0.0.1.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding 127.0.0.1:0")
+        .port()
+}
+
+/// The program `zmem run` started (its only child), once it is there.
+fn program_pid(zmem: &mut Proc, timeout: Duration) -> i32 {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(&c) = children(zmem.pid()).first() {
+            zmem.note_descendants();
+            return c;
+        }
+        if let Some(s) = zmem.try_wait() {
+            panic!(
+                "zmem run ended ({s}) before its program was seen: {}",
+                zmem.stderr_text()
+            );
+        }
+        assert!(Instant::now() < end, "zmem run started no program");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `zmem stat PID --json` against `sockets`.
+fn zmem_stat(pid: i32, sockets: &Path) -> serde_json::Value {
+    let out = zmem_cmd(&["stat", &pid.to_string(), "--json"])
+        .env(zmem_runenv::ENV_SOCKET_DIR, sockets)
+        .output()
+        .expect("running zmem stat");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "zmem stat {pid}: {}{}(the socket directory holds {:?})",
+        stdout,
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_dir(sockets)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            .unwrap_or_default()
+    );
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("zmem stat {pid} --json: {e}: {stdout}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The data the servers hold: distinct per key, text-like (compresses about as well as prose).
+
+const WORDS: &str =
+    "the of and memory page compress region fault budget resident evict store pool handle \
+     kernel user space program heap malloc thread fork socket redis value key server client \
+     data block cold warm touch latency ratio zram swap lz4 zstd deflate a to in is that it \
+     was for on with";
+
+struct Values {
+    text: Vec<u8>,
+}
+
+impl Values {
+    fn new() -> Values {
+        let words: Vec<&str> = WORDS.split_whitespace().collect();
+        let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut text = Vec::with_capacity(1 << 17);
+        while text.len() < 1 << 17 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            text.extend_from_slice(words[(s % words.len() as u64) as usize].as_bytes());
+            text.push(if s % 11 == 0 { b'\n' } else { b' ' });
+        }
+        Values { text }
+    }
+
+    fn key(i: usize) -> String {
+        format!("key:{i:08}")
+    }
+
+    /// About 4000 bytes: the key, then a window of the text that depends on it.
+    fn value(&self, i: usize) -> Vec<u8> {
+        let len = 3900 + (i * 37) % 200;
+        let mut v = format!("value of {} ", Values::key(i)).into_bytes();
+        let off = (i.wrapping_mul(2_654_435_761)) % (self.text.len() - len);
+        v.extend_from_slice(&self.text[off..off + len - v.len()]);
+        v
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A tiny RESP (Redis protocol) client.
+
+#[derive(Debug, PartialEq)]
+enum Reply {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Reply>>),
+}
+
+struct Resp {
+    r: BufReader<TcpStream>,
+    w: BufWriter<TcpStream>,
+}
+
+impl Resp {
+    fn connect(port: u16) -> std::io::Result<Resp> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        s.set_nodelay(true)?;
+        Ok(Resp {
+            r: BufReader::with_capacity(1 << 16, s.try_clone()?),
+            w: BufWriter::with_capacity(1 << 16, s),
+        })
+    }
+
+    fn send(&mut self, args: &[&[u8]]) -> std::io::Result<()> {
+        write!(self.w, "*{}\r\n", args.len())?;
+        for a in args {
+            write!(self.w, "${}\r\n", a.len())?;
+            self.w.write_all(a)?;
+            self.w.write_all(b"\r\n")?;
+        }
+        Ok(())
+    }
+
+    fn line(&mut self) -> std::io::Result<String> {
+        let mut l = String::new();
+        if self.r.read_line(&mut l)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(l.trim_end_matches("\r\n").to_string())
+    }
+
+    fn read(&mut self) -> std::io::Result<Reply> {
+        let l = self.line()?;
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, l.clone());
+        let (t, rest) = l.split_at(1.min(l.len()));
+        Ok(match t {
+            "+" => Reply::Simple(rest.into()),
+            "-" => Reply::Error(rest.into()),
+            ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
+            "$" => {
+                let n: i64 = rest.parse().map_err(|_| bad())?;
+                if n < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut b = vec![0; n as usize + 2];
+                    self.r.read_exact(&mut b)?;
+                    b.truncate(n as usize);
+                    Reply::Bulk(Some(b))
+                }
+            }
+            "*" => {
+                let n: i64 = rest.parse().map_err(|_| bad())?;
+                if n < 0 {
+                    Reply::Array(None)
+                } else {
+                    let mut v = Vec::new();
+                    for _ in 0..n {
+                        v.push(self.read()?);
+                    }
+                    Reply::Array(Some(v))
+                }
+            }
+            _ => return Err(bad()),
+        })
+    }
+
+    fn cmd(&mut self, args: &[&str]) -> std::io::Result<Reply> {
+        let a: Vec<&[u8]> = args.iter().map(|s| s.as_bytes()).collect();
+        self.send(&a)?;
+        self.w.flush()?;
+        self.read()
+    }
+
+    fn info(&mut self, section: &str) -> String {
+        match self.cmd(&["INFO", section]).expect("INFO") {
+            Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).into_owned(),
+            r => panic!("INFO {section}: {r:?}"),
+        }
+    }
+
+    /// SETs keys `range`, pipelined.
+    fn set_all(&mut self, vals: &Values, range: std::ops::Range<usize>) {
+        const BATCH: usize = 200;
+        let mut i = range.start;
+        while i < range.end {
+            let n = BATCH.min(range.end - i);
+            for k in i..i + n {
+                let key = Values::key(k);
+                let v = vals.value(k);
+                self.send(&[b"SET", key.as_bytes(), &v])
+                    .expect("sending SET");
+            }
+            self.w.flush().expect("sending SETs");
+            for k in i..i + n {
+                let r = self.read().expect("reading a SET reply");
+                assert_eq!(r, Reply::Simple("OK".into()), "SET {}", Values::key(k));
+            }
+            i += n;
+        }
+    }
+
+    /// GETs keys `range`, pipelined, and compares every value byte for byte.
+    fn verify_all(&mut self, vals: &Values, range: std::ops::Range<usize>, who: &str) {
+        const BATCH: usize = 200;
+        let mut i = range.start;
+        while i < range.end {
+            let n = BATCH.min(range.end - i);
+            for k in i..i + n {
+                self.send(&[b"GET", Values::key(k).as_bytes()])
+                    .expect("sending GET");
+            }
+            self.w.flush().expect("sending GETs");
+            for k in i..i + n {
+                match self.read().expect("reading a GET reply") {
+                    Reply::Bulk(Some(b)) => {
+                        let want = vals.value(k);
+                        assert!(
+                            b == want,
+                            "{who}: GET {} returned {} bytes that differ from the {} stored \
+                             (first difference at byte {:?})",
+                            Values::key(k),
+                            b.len(),
+                            want.len(),
+                            b.iter().zip(&want).position(|(x, y)| x != y)
+                        );
+                    }
+                    r => panic!("{who}: GET {}: {r:?}", Values::key(k)),
+                }
+            }
+            i += n;
+        }
+    }
+}
+
+/// Connects and waits until PING answers PONG (also through -LOADING).
+fn redis_ready(port: u16, server: &mut Proc, timeout: Duration) -> Resp {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(s) = server.try_wait() {
+            panic!(
+                "{} ended ({s}) before answering PING\nstdout: {}\nstderr: {}",
+                server.name,
+                tail(&server.stdout_text()),
+                tail(&server.stderr_text())
+            );
+        }
+        if let Ok(mut c) = Resp::connect(port) {
+            if let Ok(Reply::Simple(p)) = c.cmd(&["PING"]) {
+                if p == "PONG" {
+                    return c;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "redis on port {port} did not answer PING within {timeout:?}: {}",
+            tail(&server.stdout_text())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn info_field<'a>(info: &'a str, key: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// The figures every server test requires of the zmem report: a fixed budget, a data set
+/// several times larger than it, pages evicted and brought back.
+fn check_holds_several_times(report: &serde_json::Value, budget: u64, what: &str) {
+    assert_eq!(report["exit_code"], 0, "{what}: {report}");
+    let z = &report["zmem"];
+    assert!(z.is_object(), "{what}: no zmem statistics: {report}");
+    assert_eq!(report["source"], "exit report", "{what}: {report}");
+    assert_eq!(num(z, "budget"), budget, "{what}: {z}");
+    let data = num(z, "resident") + num(z, "orig_data_size");
+    assert!(
+        data >= 4 * budget,
+        "{what}: the heap holds {} MiB, not 4x its {} MiB budget: {z}",
+        data / MIB,
+        budget / MIB
+    );
+    assert!(num(z, "resident") <= budget, "{what}: over budget: {z}");
+    assert!(num(z, "evictions") > 0, "{what}: {z}");
+    assert!(num(z, "major_faults") > 0, "{what}: {z}");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn c_malloc_stress() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let t0 = Instant::now();
+    let dir = tmpdir();
+    let prog = compile("malloc_stress", dir.path(), &[]);
+    let stats = dir.path().join("stats.json");
+    let mut cmd = zmem_cmd(&["run", "--resident", "16M", "--size", "2G", "--stats"]);
+    cmd.arg(&stats).arg("--").arg(&prog);
+    // 4 threads, 3000 operations each over 700 slots (about 200 MB live at the peak), seed 1.
+    cmd.args(["4", "3000", "700", "1"]);
+    let out = run_to_end(cmd, dir.path(), "stress", Duration::from_secs(180));
+    assert_eq!(
+        out.code,
+        Some(0),
+        "malloc_stress under zmem run failed\nstdout: {}\nstderr: {}",
+        out.stdout,
+        tail(&out.stderr)
+    );
+    let peak: u64 = out
+        .stdout
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("peak_live="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no peak_live in {:?}", out.stdout));
+    assert!(
+        peak >= 150 * MIB,
+        "the live data peaked at {} MiB only",
+        peak / MIB
+    );
+    let report = read_report(&stats);
+    assert_eq!(report["exit_code"], 0, "{report}");
+    let z = &report["zmem"];
+    assert_eq!(num(z, "budget"), 16 * MIB, "{z}");
+    assert!(num(z, "evictions") > 0, "{z}");
+    assert!(num(z, "major_faults") > 0, "{z}");
+    // The live data peaked at many times the budget: most of it must have left DRAM.
+    assert!(
+        num(z, "evictions") * PAGE as u64 >= peak - 16 * MIB,
+        "evicted {} pages for a peak of {} MiB: {z}",
+        num(z, "evictions"),
+        peak / MIB
+    );
+    eprintln!(
+        "c_malloc_stress: peak live {} MiB, {} evictions, {} major faults, {:.1} s",
+        peak / MIB,
+        num(z, "evictions"),
+        num(z, "major_faults"),
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn fork_and_exec() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let t0 = Instant::now();
+    let dir = tmpdir();
+    let prog = compile("fork_exec", dir.path(), &[]);
+    let stats = dir.path().join("stats.json");
+    let mut cmd = zmem_cmd(&["run", "--resident", "16M", "--size", "2G", "--stats"]);
+    cmd.arg(&stats).arg("--").arg(&prog).arg("64");
+    let out = run_to_end(cmd, dir.path(), "fork_exec", Duration::from_secs(60));
+    assert_eq!(
+        out.code,
+        Some(0),
+        "fork_exec under zmem run failed\nstdout: {}\nstderr: {}",
+        out.stdout,
+        tail(&out.stderr)
+    );
+    assert!(
+        out.stdout.contains("ok exec'd child") && out.stdout.contains("ok parent"),
+        "{}",
+        out.stdout
+    );
+    let report = read_report(&stats);
+    let z = &report["zmem"];
+    assert_eq!(report["exit_code"], 0, "{report}");
+    assert_eq!(report["source"], "exit report", "{report}");
+    assert!(num(z, "forks") >= 1, "the fork was not seen: {z}");
+    // 64 MiB of data against a 16 MiB budget.
+    assert!(num(z, "evictions") >= (40 * MIB) / PAGE as u64, "{z}");
+    assert!(num(z, "major_faults") > 0, "{z}");
+    // The exec'd child ran under zmem too and left its own report.
+    let others = report["others"].as_array().expect("others");
+    assert_eq!(
+        others.len(),
+        1,
+        "expected the exec'd child's report: {report}"
+    );
+    let o = &others[0];
+    assert_ne!(num(o, "pid"), num(z, "pid"), "{report}");
+    assert_eq!(o["program"], "fork_exec", "{o}");
+    assert_eq!(o["active"], true, "{o}");
+    assert_eq!(num(o, "budget"), 16 * MIB, "{o}");
+    // It churned 32 MiB through a 16 MiB budget.
+    assert!(num(o, "evictions") > 0, "{o}");
+    let child_pid: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("ok exec'd child pid "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("the child's pid");
+    assert_eq!(num(o, "pid"), child_pid, "{o}");
+    eprintln!("fork_and_exec: {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+const KEYS: usize = 40_000;
+
+#[test]
+fn redis_holds_several_times_its_budget() {
+    if !ready() {
+        return;
+    }
+    let Some(redis) = installed("redis-server") else {
+        eprintln!("skipped: redis-server is not installed");
+        return;
+    };
+    let _g = heavy();
+    let t0 = Instant::now();
+    let dir = tmpdir();
+    let sockets = socket_dir();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let stats = dir.path().join("stats.json");
+    let port = free_port();
+    let mut cmd = zmem_cmd(&["run", "--resident", "32M", "--size", "4G", "--stats"]);
+    cmd.arg(&stats)
+        .arg("--")
+        .arg(&redis)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(&data)
+        .env(zmem_runenv::ENV_SOCKET_DIR, sockets.path());
+    let mut zmem = Proc::start(cmd, dir.path(), "zmem-redis");
+    let mut c = redis_ready(port, &mut zmem, Duration::from_secs(60));
+    let redis_pid = program_pid(&mut zmem, Duration::from_secs(5));
+
+    let vals = Values::new();
+    c.set_all(&vals, 0..KEYS);
+    let t_set = t0.elapsed();
+    c.verify_all(&vals, 0..KEYS, "redis under zmem");
+    let t_get = t0.elapsed();
+
+    let live = zmem_stat(redis_pid, sockets.path());
+    assert_eq!(live["pid"], redis_pid, "{live}");
+    assert_eq!(live["active"], true, "{live}");
+    assert_eq!(num(&live, "budget"), 32 * MIB, "{live}");
+    assert!(num(&live, "evictions") > 0, "{live}");
+
+    // BGSAVE: redis forks; the child reads every value (most of them compressed) into the RDB.
+    match c.cmd(&["BGSAVE"]).expect("BGSAVE") {
+        Reply::Simple(s) if s.contains("started") => {}
+        r => panic!("BGSAVE: {r:?}"),
+    }
+    let end = Instant::now() + Duration::from_secs(90);
+    let info = loop {
+        let info = c.info("persistence");
+        if info_field(&info, "rdb_bgsave_in_progress") == Some("0") {
+            break info;
+        }
+        assert!(Instant::now() < end, "BGSAVE did not finish: {info}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        info_field(&info, "rdb_last_bgsave_status"),
+        Some("ok"),
+        "{info}"
+    );
+    let t_save = t0.elapsed();
+    // The data is still right in the parent after the fork.
+    c.verify_all(&vals, 0..KEYS / 10, "redis under zmem after BGSAVE");
+
+    // SHUTDOWN NOSAVE: the connection closes without a reply.
+    let _ = c.cmd(&["SHUTDOWN", "NOSAVE"]);
+    drop(c);
+    let status = zmem.wait_or_panic(Duration::from_secs(60));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "zmem run -- redis-server: {}",
+        tail(&zmem.stderr_text())
+    );
+    let report = read_report(&stats);
+    check_holds_several_times(&report, 32 * MIB, "redis");
+    assert!(
+        num(&report["zmem"], "forks") >= 1,
+        "BGSAVE's fork not seen: {report}"
+    );
+    assert_eq!(num(&report["zmem"], "pid"), redis_pid as u64, "{report}");
+
+    // The RDB file loads back into a plain redis-server, every value intact.
+    let rdb = data.join("dump.rdb");
+    assert!(rdb.is_file(), "no {}", rdb.display());
+    let port2 = free_port();
+    let mut plain = Command::new(&redis);
+    plain
+        .args(["--port", &port2.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(&data);
+    let mut plain = Proc::start(plain, dir.path(), "redis-plain");
+    let mut c = redis_ready(port2, &mut plain, Duration::from_secs(60));
+    assert_eq!(
+        c.cmd(&["DBSIZE"]).expect("DBSIZE"),
+        Reply::Int(KEYS as i64),
+        "the RDB written under zmem does not hold every key"
+    );
+    c.verify_all(&vals, 0..KEYS, "plain redis loading the RDB");
+    let _ = c.cmd(&["SHUTDOWN", "NOSAVE"]);
+    drop(c);
+    let status = plain.wait_or_panic(Duration::from_secs(30));
+    assert!(status.success(), "plain redis-server: {status}");
+    let z = &report["zmem"];
+    eprintln!(
+        "redis: {} keys; SET {:.1} s, GET {:.1} s, BGSAVE {:.1} s, total {:.1} s; data {} MiB, \
+         compressed {} MiB, {} evictions, {} major faults",
+        KEYS,
+        t_set.as_secs_f64(),
+        (t_get - t_set).as_secs_f64(),
+        (t_save - t_get).as_secs_f64(),
+        t0.elapsed().as_secs_f64(),
+        (num(z, "resident") + num(z, "orig_data_size")) / MIB,
+        num(z, "mem_used_total") / MIB,
+        num(z, "evictions"),
+        num(z, "major_faults")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// memcached's text protocol.
+
+struct Mc {
+    r: BufReader<TcpStream>,
+    w: BufWriter<TcpStream>,
+}
+
+impl Mc {
+    fn connect(port: u16) -> std::io::Result<Mc> {
+        let s = TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        s.set_nodelay(true)?;
+        Ok(Mc {
+            r: BufReader::with_capacity(1 << 16, s.try_clone()?),
+            w: BufWriter::with_capacity(1 << 16, s),
+        })
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        let n = self.r.read_line(&mut l).expect("reading from memcached");
+        assert!(n > 0, "memcached closed the connection");
+        l.trim_end_matches("\r\n").to_string()
+    }
+
+    fn version(&mut self) -> std::io::Result<String> {
+        self.w.write_all(b"version\r\n")?;
+        self.w.flush()?;
+        let mut l = String::new();
+        self.r.read_line(&mut l)?;
+        Ok(l)
+    }
+
+    fn set_all(&mut self, vals: &Values, range: std::ops::Range<usize>) {
+        const BATCH: usize = 200;
+        let mut i = range.start;
+        while i < range.end {
+            let n = BATCH.min(range.end - i);
+            for k in i..i + n {
+                let v = vals.value(k);
+                write!(self.w, "set {} 0 0 {}\r\n", Values::key(k), v.len()).unwrap();
+                self.w.write_all(&v).unwrap();
+                self.w.write_all(b"\r\n").unwrap();
+            }
+            self.w.flush().expect("sending sets");
+            for k in i..i + n {
+                let l = self.line();
+                assert_eq!(l, "STORED", "set {}", Values::key(k));
+            }
+            i += n;
+        }
+    }
+
+    fn verify_all(&mut self, vals: &Values, range: std::ops::Range<usize>) {
+        const BATCH: usize = 100;
+        let mut i = range.start;
+        while i < range.end {
+            let n = BATCH.min(range.end - i);
+            let mut req = String::from("get");
+            for k in i..i + n {
+                req.push(' ');
+                req.push_str(&Values::key(k));
+            }
+            req.push_str("\r\n");
+            self.w.write_all(req.as_bytes()).unwrap();
+            self.w.flush().expect("sending get");
+            for k in i..i + n {
+                let l = self.line();
+                let f: Vec<&str> = l.split(' ').collect();
+                assert!(
+                    f.len() == 4 && f[0] == "VALUE" && f[1] == Values::key(k),
+                    "get {}: {l:?} (evicted or lost?)",
+                    Values::key(k)
+                );
+                let len: usize = f[3].parse().expect("value length");
+                let mut b = vec![0; len + 2];
+                self.r.read_exact(&mut b).expect("reading a value");
+                b.truncate(len);
+                let want = vals.value(k);
+                assert!(
+                    b == want,
+                    "get {}: {} bytes that differ from the {} stored (first difference at {:?})",
+                    Values::key(k),
+                    b.len(),
+                    want.len(),
+                    b.iter().zip(&want).position(|(x, y)| x != y)
+                );
+            }
+            assert_eq!(self.line(), "END");
+            i += n;
+        }
+    }
+}
+
+#[test]
+fn memcached_holds_several_times_its_budget() {
+    if !ready() {
+        return;
+    }
+    let Some(memcached) = installed("memcached") else {
+        eprintln!("skipped: memcached is not installed");
+        return;
+    };
+    let _g = heavy();
+    let t0 = Instant::now();
+    let dir = tmpdir();
+    let sockets = socket_dir();
+    let stats = dir.path().join("stats.json");
+    let port = free_port();
+    let mut cmd = zmem_cmd(&["run", "--resident", "32M", "--size", "4G", "--stats"]);
+    cmd.arg(&stats)
+        .arg("--")
+        .arg(&memcached)
+        .args(["-l", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-U", "0", "-m", "1024", "-t", "2"])
+        .env(zmem_runenv::ENV_SOCKET_DIR, sockets.path());
+    // memcached refuses to run as root unless told which user to be.
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.args(["-u", "root"]);
+    }
+    let mut zmem = Proc::start(cmd, dir.path(), "zmem-memcached");
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut c = loop {
+        if let Some(s) = zmem.try_wait() {
+            panic!(
+                "zmem run -- memcached ended ({s}): {}",
+                tail(&zmem.stderr_text())
+            );
+        }
+        if let Ok(mut c) = Mc::connect(port) {
+            if c.version().is_ok_and(|v| v.starts_with("VERSION")) {
+                break c;
+            }
+        }
+        assert!(Instant::now() < end, "memcached did not answer on {port}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mc_pid = program_pid(&mut zmem, Duration::from_secs(5));
+
+    let vals = Values::new();
+    c.set_all(&vals, 0..KEYS);
+    let t_set = t0.elapsed();
+    c.verify_all(&vals, 0..KEYS);
+    let t_get = t0.elapsed();
+
+    let live = zmem_stat(mc_pid, sockets.path());
+    assert_eq!(live["pid"], mc_pid, "{live}");
+    assert_eq!(live["active"], true, "{live}");
+    assert!(num(&live, "evictions") > 0, "{live}");
+    drop(c);
+
+    // SIGTERM to memcached itself (not to zmem).
+    let id = ProcId::of(mc_pid).expect("memcached is running");
+    id.signal(libc::SIGTERM);
+    let status = zmem.wait_or_panic(Duration::from_secs(60));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "zmem run -- memcached after SIGTERM: {}",
+        tail(&zmem.stderr_text())
+    );
+    let report = read_report(&stats);
+    check_holds_several_times(&report, 32 * MIB, "memcached");
+    assert_eq!(num(&report["zmem"], "pid"), mc_pid as u64, "{report}");
+    let z = &report["zmem"];
+    eprintln!(
+        "memcached: {} keys; set {:.1} s, get {:.1} s, total {:.1} s; data {} MiB, compressed \
+         {} MiB, {} evictions, {} major faults",
+        KEYS,
+        t_set.as_secs_f64(),
+        (t_get - t_set).as_secs_f64(),
+        t0.elapsed().as_secs_f64(),
+        (num(z, "resident") + num(z, "orig_data_size")) / MIB,
+        num(z, "mem_used_total") / MIB,
+        num(z, "evictions"),
+        num(z, "major_faults")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input.
+
+/// Exit status `code` and exactly one line on stderr, `zmem: error: ...` containing `needle`.
+fn fails_with(out: &Finished, what: &str, code: i32, needle: &str) {
+    assert_eq!(
+        out.code,
+        Some(code),
+        "{what}: stdout {:?} stderr {:?}",
+        out.stdout,
+        out.stderr
+    );
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{what}: not one line: {:?}", out.stderr);
+    assert!(
+        lines[0].starts_with("zmem: error: "),
+        "{what}: {:?}",
+        out.stderr
+    );
+    assert!(
+        lines[0].contains(needle),
+        "{what}: {:?} lacks {needle:?}",
+        out.stderr
+    );
+}
+
+/// Runs zmem with `args` (at most 60 s).
+fn zmem_quick(args: &[&str], dir: &Path, tag: &str) -> Finished {
+    run_to_end(zmem_cmd(args), dir, tag, Duration::from_secs(60))
+}
+
+#[test]
+fn bad_input() {
+    require_preload();
+    let dir = tmpdir();
+    let d = dir.path();
+
+    let out = zmem_quick(&["run", "--", "zmem-no-such-program-here"], d, "notfound");
+    fails_with(&out, "program not found", 127, "command not found");
+    assert!(out.stderr.contains("zmem-no-such-program-here"));
+
+    // A static binary: LD_PRELOAD cannot apply.
+    let src = d.join("hello.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+    let stat = d.join("static-hello");
+    let cc = Command::new("cc")
+        .args(["-static", "-O2", "-o"])
+        .arg(&stat)
+        .arg(&src)
+        .output()
+        .expect("running cc");
+    if cc.status.success() {
+        let out = zmem_quick(&["run", "--", stat.to_str().unwrap()], d, "static");
+        fails_with(&out, "static binary", 126, "statically linked");
+    } else {
+        eprintln!(
+            "skipped part: cc -static failed (no libc.a?): {}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+    }
+
+    // A set-user-ID program: the loader ignores LD_PRELOAD for it.
+    let suid = d.join("true-setuid");
+    std::fs::copy("/bin/true", &suid).expect("copying /bin/true");
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let out = zmem_quick(&["run", "--", suid.to_str().unwrap()], d, "setuid");
+    fails_with(&out, "setuid program", 126, "set-user-ID");
+
+    let out = zmem_quick(&["run", "--resident", "1k", "--", "true"], d, "small");
+    fails_with(&out, "--resident 1k", 1, "too small");
+    let out = zmem_quick(&["run", "--resident", "100000G", "--", "true"], d, "huge");
+    fails_with(
+        &out,
+        "--resident 100000G",
+        1,
+        "larger than this machine's memory",
+    );
+
+    // zmem stat on a process that is not under zmem (this test), and on one that is gone.
+    let sockets = socket_dir();
+    let me = std::process::id().to_string();
+    let mut cmd = zmem_cmd(&["stat", &me]);
+    cmd.env(zmem_runenv::ENV_SOCKET_DIR, sockets.path());
+    let out = run_to_end(cmd, d, "stat-self", Duration::from_secs(30));
+    assert_ne!(
+        out.code,
+        Some(0),
+        "zmem stat of a plain process: {:?}",
+        out.stdout
+    );
+    assert!(out.code.is_some(), "zmem stat was killed: {:?}", out.stderr);
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "not one line: {:?}", out.stderr);
+    assert!(
+        lines[0].starts_with("zmem: error: ") && lines[0].contains("not running under zmem"),
+        "{:?}",
+        out.stderr
+    );
+    let mut gone = Command::new("true").spawn().expect("running true");
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    let mut cmd = zmem_cmd(&["stat", &gone_pid.to_string()]);
+    cmd.env(zmem_runenv::ENV_SOCKET_DIR, sockets.path());
+    let out = run_to_end(cmd, d, "stat-gone", Duration::from_secs(30));
+    assert!(
+        out.code.is_some_and(|c| c != 0) && out.stderr.contains("no such process"),
+        "zmem stat of an ended process: {:?} {:?}",
+        out.code,
+        out.stderr
+    );
+
+    // No userfaultfd permission: run as user nobody (needs root to switch).
+    without_userfaultfd_permission(d);
+}
+
+/// `zmem run -- true` as nobody, who may not open /dev/userfaultfd: exit 1 and a message naming
+/// it; with --fallback the program runs uncompressed, with a warning.
+fn without_userfaultfd_permission(d: &Path) {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped part: running as user nobody needs root");
+        return;
+    }
+    let Some(setpriv) = installed("setpriv") else {
+        eprintln!("skipped part: setpriv (util-linux) is not installed");
+        return;
+    };
+    let as_nobody = |prog: &[&str]| {
+        let mut c = Command::new(&setpriv);
+        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .args(prog)
+            .env("TMPDIR", "/tmp")
+            .env("HOME", "/");
+        for v in zmem_runenv::ALL_VARS {
+            c.env_remove(v);
+        }
+        c
+    };
+    let zmem = zmem_exe();
+    let lib = zmem.parent().unwrap().join("libzmem_preload.so");
+    let (zs, ls) = (zmem.to_str().unwrap(), lib.to_str().unwrap());
+    let probe = run_to_end(
+        as_nobody(&[
+            "/bin/sh",
+            "-c",
+            &format!("test -x '{zs}' && test -r '{ls}'"),
+        ]),
+        d,
+        "nobody-probe",
+        Duration::from_secs(30),
+    );
+    if probe.code != Some(0) {
+        eprintln!(
+            "skipped part: user nobody cannot run {zs} or read {ls} (a directory on the way is \
+             not open to others): {}",
+            probe.stderr
+        );
+        return;
+    }
+    // Does nobody have userfaultfd anyway (an ACL on the device, or the sysctl)?
+    let probe = run_to_end(
+        as_nobody(&["/bin/sh", "-c", "exec 3<>/dev/userfaultfd"]),
+        d,
+        "nobody-uffd",
+        Duration::from_secs(30),
+    );
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    if probe.code == Some(0) || sysctl == "1" {
+        eprintln!(
+            "skipped part: user nobody may use userfaultfd on this machine (device open: {}, \
+             vm.unprivileged_userfaultfd={sysctl})",
+            probe.code == Some(0)
+        );
+        return;
+    }
+    let out = run_to_end(
+        as_nobody(&[zs, "run", "--", "true"]),
+        d,
+        "nobody",
+        Duration::from_secs(60),
+    );
+    fails_with(
+        &out,
+        "no /dev/userfaultfd permission",
+        1,
+        "/dev/userfaultfd",
+    );
+
+    let out = run_to_end(
+        as_nobody(&[zs, "run", "--fallback", "--", "sh", "-c", "echo ran"]),
+        d,
+        "nobody-fallback",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        out.code,
+        Some(0),
+        "--fallback without /dev/userfaultfd permission must run the program: {:?}",
+        out.stderr
+    );
+    assert_eq!(out.stdout.trim(), "ran", "{:?}", out.stderr);
+    assert!(
+        out.stderr.contains("warning") && out.stderr.contains("userfaultfd"),
+        "--fallback: no warning naming userfaultfd: {:?}",
+        out.stderr
+    );
+}
+
+#[test]
+fn value_generator_is_distinct_and_sized() {
+    let v = Values::new();
+    let mut seen = HashSet::new();
+    for i in 0..2000 {
+        let x = v.value(i);
+        assert!((3900..4100).contains(&x.len()), "{}", x.len());
+        assert!(seen.insert(x));
+    }
+}
