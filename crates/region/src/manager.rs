@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
-use zmem_store::{PageStore, StoreConfig};
+use zmem_store::{PageStore, StoreConfig, StoreError, MAX_BLOCK_PAGES};
 
 use crate::policy::Tracker;
 use crate::uffd::{self, Msg, Uffd};
@@ -33,6 +33,25 @@ pub(crate) const FAULTING: u8 = 4; // a handler is bringing it in
 pub(crate) const POISONED: u8 = 5; // content unknown after an unsupported mremap: SIGBUS
 pub(crate) const UNMAPPED: u8 = 6; // the program unmapped it: no longer part of the region
 
+/// After the store refuses a page (its memory limit), eviction pauses this long: moving pages
+/// out only to put them back costs CPU and, under a memory cgroup, memory it may not have.
+pub(crate) const FULL_BACKOFF_MS: u64 = 50;
+/// Faults in a row for which the kernel refused memory (UFFDIO_COPY/ZEROPAGE: ENOMEM, e.g. a
+/// memory cgroup at its limit) before the process is out of memory; each waits 2 ms after trying
+/// to evict. Then zmem kills the process, as the kernel's OOM killer would a swapless one.
+pub(crate) const OOM_STREAK: u64 = 500;
+
+/// Monotonic milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: t is a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
 /// Pages moved out per eviction batch (also the staging area's size).
 pub(crate) const STAGING_SLOTS: usize = 64;
 
@@ -41,7 +60,8 @@ pub(crate) struct Space {
     pub uffd: Uffd,
     pub base: usize,
     pub pages: usize,
-    pub store: PageStore,
+    /// Dropped by `Drop for Space` (a child's on a thread of its own).
+    pub store: std::mem::ManuallyDrop<PageStore>,
     pub inner: Mutex<SpaceInner>,
     /// The creator's space evicts; a child's is served from its snapshot only.
     pub is_root: bool,
@@ -143,6 +163,30 @@ impl SpaceInner {
     }
 }
 
+impl Drop for Space {
+    fn drop(&mut self) {
+        // SAFETY: taken exactly once, here.
+        let store = unsafe { std::mem::ManuallyDrop::take(&mut self.store) };
+        if self.is_root {
+            return drop(store);
+        }
+        // A child's store stops its worker threads when dropped, and with the preload library a
+        // worker may touch region memory as it exits (glibc's TLS destructor list lives in the
+        // program heap), which only a handler can serve; the last reference to a dead child's
+        // space is often a handler's. So it is dropped on a thread of its own; if no thread can
+        // be started, it is leaked rather than risk a deadlock.
+        // Passed as an address, so that a closure dropped unrun (spawn failed) leaks it.
+        let raw = Box::into_raw(Box::new(store)) as usize;
+        let reap = move || {
+            // SAFETY: the Box leaked above, taken back once, by this closure only.
+            drop(unsafe { Box::from_raw(raw as *mut PageStore) })
+        };
+        if let Err(e) = zmem_engine::thread::spawn("zmem-reap".into(), reap) {
+            tracing::warn!("a dead child's snapshot is leaked (no thread to free it): {e}");
+        }
+    }
+}
+
 impl Space {
     fn page_addr(&self, idx: usize) -> usize {
         self.base + idx * PAGE
@@ -178,6 +222,8 @@ pub(crate) struct Shared {
     pub staging: usize,
     pub budget_pages: AtomicUsize,
     pub fault_around: usize,
+    /// Evicted pages compressed together as one block (1 = page by page).
+    pub evict_group: usize,
     pub evict_lock: Mutex<()>,
     pub evictor_wake: Condvar,
     pub evictor_mutex: Mutex<bool>,
@@ -193,6 +239,10 @@ pub(crate) struct Shared {
     pub forking: AtomicBool,
     /// The store refused a page since the last one it took (warned once per episode).
     pub store_full: AtomicBool,
+    /// When it last refused one ([`now_ms`]): eviction pauses for [`FULL_BACKOFF_MS`] after.
+    pub store_full_ms: AtomicU64,
+    /// Consecutive faults the kernel refused memory for (ENOMEM); see [`OOM_STREAK`].
+    pub enomem_streak: AtomicU64,
     /// Threads of this region parked for a fork; `workers` is how many there are.
     pub parked: AtomicUsize,
     pub workers: usize,
@@ -484,6 +534,7 @@ impl Shared {
             if self.evict((resident - low).min(4)) == 0 {
                 return;
             }
+            self.repack();
             for f in fds.iter_mut() {
                 f.revents = 0;
             }
@@ -588,13 +639,29 @@ impl Shared {
             if buf.len() < run * PAGE {
                 buf.resize(run * PAGE, 0);
             }
-            for (k, &kind) in kinds.iter().enumerate() {
-                let dst = &mut buf[k * PAGE..(k + 1) * PAGE];
-                if kind != STORED {
-                    dst.fill(0);
+            let mut at = 0;
+            while at < run {
+                if kinds[at] != STORED {
+                    buf[at * PAGE..(at + 1) * PAGE].fill(0);
+                    at += 1;
                     continue;
                 }
-                if let Err(e) = s.store.read((idx + k) as u64, dst) {
+                // Consecutive stored pages in one read: members of one block are decoded once.
+                let end = (at..run).find(|&j| kinds[j] != STORED).unwrap_or(run);
+                let read = s
+                    .store
+                    .read_batch((idx + at) as u64, &mut buf[at * PAGE..end * PAGE]);
+                let first = at;
+                at = end;
+                if let Err(e) = read {
+                    let k = match e {
+                        StoreError::Corrupt { index, .. }
+                            if (idx + first..idx + end).contains(&(index as usize)) =>
+                        {
+                            index as usize - idx
+                        }
+                        _ => first,
+                    };
                     // Corrupt data must not become silently wrong memory: SIGBUS.
                     tracing::error!("page {} of the region cannot be read back: {e}", idx + k);
                     let r = s.uffd.poison(s.page_addr(idx + k), PAGE);
@@ -607,6 +674,12 @@ impl Shared {
                     if r.is_ok() {
                         inner.state[idx + k] = POISONED;
                         let _ = s.store.discard((idx + k) as u64);
+                    }
+                    drop(inner);
+                    if k != 0 {
+                        // The faulting thread waits on the first page, not the poisoned one:
+                        // let it fault again (on its page alone).
+                        let _ = s.uffd.wake(addr, PAGE);
                     }
                     return match r {
                         Err(e) if errno(&e) == libc::EAGAIN => Served::Retry,
@@ -639,6 +712,7 @@ impl Shared {
             (1u64 << run) - 1
         };
         let mut again = false;
+        let mut enomem = false;
         if let Err(e) = map(idx, run) {
             mapped = 0;
             let mut first_err = Some(e);
@@ -655,6 +729,7 @@ impl Shared {
                 match r {
                     Ok(()) => mapped |= 1 << k,
                     Err(e) if errno(&e) == libc::EAGAIN => again = true,
+                    Err(e) if errno(&e) == libc::ENOMEM => enomem = true,
                     Err(e) => {
                         if errno(&e) != libc::ENOENT && errno(&e) != libc::ESRCH {
                             tracing::error!("resolving fault at {:#x}: {e}", s.page_addr(idx + k));
@@ -675,9 +750,15 @@ impl Shared {
             if again {
                 return Served::Retry;
             }
+            if enomem {
+                self.out_of_memory(s, addr);
+            }
             // Never leave the thread waiting: it retries (and fails properly if the memory is gone).
             let _ = s.uffd.wake(addr, PAGE);
             return Served::Done;
+        }
+        if self.enomem_streak.load(Relaxed) != 0 {
+            self.enomem_streak.store(0, Relaxed);
         }
         for (k, &kind) in kinds.iter().enumerate() {
             let i = idx + k;
@@ -705,6 +786,42 @@ impl Shared {
             .fault_around_pages
             .fetch_add(run as u64 - 1, Relaxed);
         Served::Done
+    }
+
+    /// The kernel refused memory for a fault (ENOMEM). Evict and let the thread retry; after
+    /// [`OOM_STREAK`] refusals in a row nothing can be freed (the store is full too): the
+    /// process is out of memory and is killed (SIGKILL), as a swapless one would be by the
+    /// kernel, instead of spinning forever. A forked child's fault gets SIGBUS instead.
+    fn out_of_memory(self: &Arc<Self>, s: &Arc<Space>, addr: usize) {
+        let streak = self.enomem_streak.fetch_add(1, Relaxed) + 1;
+        if streak == 1 {
+            tracing::warn!("the kernel refused memory for a fault (ENOMEM); evicting and retrying");
+        }
+        if s.is_root {
+            let resident = s.inner.lock().resident;
+            self.evict(resident.min(STAGING_SLOTS));
+        }
+        if streak < OOM_STREAK {
+            std::thread::sleep(Duration::from_millis(2));
+            return;
+        }
+        if !s.is_root {
+            if let Err(e) = s.uffd.poison(addr, PAGE) {
+                tracing::error!("poison {addr:#x} after ENOMEM: {e}");
+            }
+            return;
+        }
+        let st = s.store.stats();
+        tracing::error!(
+            "out of memory: no memory for a fault for {} s and nothing can be evicted (resident {} \
+             pages, compressed store {} of {} bytes); killing the process",
+            OOM_STREAK * 2 / 1000,
+            s.inner.lock().resident,
+            st.mem_used_total,
+            st.mem_limit
+        );
+        // SAFETY: ends this process, as the OOM killer would.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     }
 
     /// A fault outside the region's range on our descriptor: memory that was mremapped away.
@@ -819,12 +936,15 @@ impl Shared {
                 other => state[i] = other,
             }
         }
+        let mut inner = SpaceInner::new(state, None);
+        // The child's resident pages are those present at fork (its copy-on-write mapping).
+        inner.resident = inner.state.iter().filter(|&&st| st == RESIDENT).count();
         Ok(Space {
             uffd: child_uffd,
             base: parent.base,
             pages: parent.pages,
-            store,
-            inner: Mutex::new(SpaceInner::new(state, None)),
+            store: std::mem::ManuallyDrop::new(store),
+            inner: Mutex::new(inner),
             is_root: false,
             dead: AtomicBool::new(false),
         })
@@ -849,15 +969,24 @@ impl Shared {
 
     /// Evicts up to `want` pages (one staging batch at most); returns how many left.
     pub fn evict(&self, want: usize) -> usize {
+        if self.store_full.load(Relaxed)
+            && now_ms().saturating_sub(self.store_full_ms.load(Relaxed)) < FULL_BACKOFF_MS
+        {
+            return 0;
+        }
         let s = &self.root;
         let _g = self.evict_lock.lock();
         let mut victims = Vec::with_capacity(STAGING_SLOTS);
         {
             let mut inner = s.inner.lock();
+            // With blocks of evicted pages, evict at least a block's worth (a few pages below
+            // the budget), so that blocks are full even when callers want one page at a time.
             let n = want.min(STAGING_SLOTS).min(inner.resident);
             if n == 0 {
                 return 0;
             }
+            let group = self.evict_group.min(inner.resident / 4);
+            let n = n.max(group).min(STAGING_SLOTS);
             if let Some(t) = inner.tracker.as_mut() {
                 t.pick(n, &mut victims);
             }
@@ -936,32 +1065,35 @@ impl Shared {
                 }
             }
         }
-        // Compress the moved pages into the store, then settle their states.
+        // Compress the moved pages into the store, then settle their states. Compressed here,
+        // on this thread: on two cores a hand-off to the engine's workers costs more in
+        // wake-ups and context switches than it saves.
         let mut queued = [false; STAGING_SLOTS];
-        for (slot, &v) in victims.iter().enumerate() {
-            if !outcome[slot] {
-                continue;
-            }
-            // SAFETY: the slot holds the page we just moved there; nothing else writes it.
-            let page = unsafe {
-                std::slice::from_raw_parts((self.staging + slot * PAGE) as *const u8, PAGE)
-            };
-            // Compressed here, on this thread: on two cores a hand-off to the engine's workers
-            // costs more in wake-ups and context switches than it saves.
-            match s.store.write(v as u64, page) {
-                Ok(()) => {
-                    queued[slot] = true;
-                    if self.store_full.load(Relaxed) {
-                        self.store_full.store(false, Relaxed);
-                    }
+        let page_at = |slot: usize| -> &[u8] {
+            // SAFETY: the slot holds the page we moved there; nothing else writes it until the
+            // staging area is recycled at the end of this batch.
+            unsafe { std::slice::from_raw_parts((self.staging + slot * PAGE) as *const u8, PAGE) }
+        };
+        if self.evict_group > 1 {
+            // Groups of `evict_group` moved pages, in victim order, each one block whatever the
+            // pages' addresses (fixed arrays: no allocation per batch).
+            let mut group_slots = [0usize; MAX_BLOCK_PAGES];
+            let mut k = 0;
+            for slot in (0..victims.len()).filter(|&slot| outcome[slot]) {
+                group_slots[k] = slot;
+                k += 1;
+                if k == self.evict_group {
+                    self.store_group(&group_slots[..k], &victims, &page_at, &mut queued);
+                    k = 0;
                 }
-                Err(e) => {
-                    // A full store (its memory limit) is expected under pressure: say it once
-                    // per episode, not once per page.
-                    if !self.store_full.swap(true, Relaxed) {
-                        tracing::warn!("cannot store evicted pages, they stay resident: {e}");
-                    }
-                    self.counters.store_refused.fetch_add(1, Relaxed);
+            }
+            if k > 0 {
+                self.store_group(&group_slots[..k], &victims, &page_at, &mut queued);
+            }
+        } else {
+            for (slot, &v) in victims.iter().enumerate() {
+                if outcome[slot] {
+                    queued[slot] = self.store_page(v, page_at(slot));
                 }
             }
         }
@@ -1007,6 +1139,76 @@ impl Shared {
         evicted
     }
 
+    /// Stores one evicted page; false if the store refused it (it is then put back).
+    fn store_page(&self, v: u32, page: &[u8]) -> bool {
+        match self.root.store.write(v as u64, page) {
+            Ok(()) => {
+                if self.store_full.load(Relaxed) {
+                    self.store_full.store(false, Relaxed);
+                }
+                true
+            }
+            Err(e) => {
+                // A full store (its memory limit) is expected under pressure: say it once per
+                // episode, not once per page.
+                self.store_full_ms.store(now_ms(), Relaxed);
+                if !self.store_full.swap(true, Relaxed) {
+                    tracing::warn!("cannot store evicted pages, they stay resident: {e}");
+                }
+                self.counters.store_refused.fetch_add(1, Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Stores the evicted pages in staging `slots` as one group (one block); if the store
+    /// refuses the group, page by page, so that each page that still fails is put back alone.
+    fn store_group<'a>(
+        &self,
+        slots: &[usize],
+        victims: &[u32],
+        page_at: &dyn Fn(usize) -> &'a [u8],
+        queued: &mut [bool; STAGING_SLOTS],
+    ) {
+        let mut indices = [0u64; MAX_BLOCK_PAGES];
+        let mut pages: [&[u8]; MAX_BLOCK_PAGES] = [&[]; MAX_BLOCK_PAGES];
+        for (k, &slot) in slots.iter().enumerate() {
+            indices[k] = u64::from(victims[slot]);
+            pages[k] = page_at(slot);
+        }
+        let n = slots.len();
+        if self
+            .root
+            .store
+            .write_group(&indices[..n], &pages[..n])
+            .is_ok()
+        {
+            for &slot in slots {
+                queued[slot] = true;
+            }
+            if self.store_full.load(Relaxed) {
+                self.store_full.store(false, Relaxed);
+            }
+            return;
+        }
+        for &slot in slots {
+            queued[slot] = self.store_page(victims[slot], page_at(slot));
+        }
+    }
+
+    /// Moves the survivors of blocks that lost half of their pages to faults into new blocks,
+    /// so that dead pages do not hold DRAM (a block is freed only with its last page). Called
+    /// after evictions, never on a fault's own path. About one page is repacked per fault, so
+    /// a call handles up to two blocks' worth.
+    fn repack(&self) {
+        if self.evict_group > 1 {
+            let store = &self.root.store;
+            if store.repack_groups(self.evict_group) == self.evict_group {
+                store.repack_groups(self.evict_group);
+            }
+        }
+    }
+
     /// Frees the staging pages. Unregistered first, so the madvise sends no REMOVE event
     /// (which would block until a handler read it: a handler may be the one evicting).
     fn recycle_staging(&self) {
@@ -1048,8 +1250,10 @@ impl Shared {
             };
             if resident > low {
                 if self.evict(resident - low) == 0 {
-                    std::thread::sleep(Duration::from_millis(1));
+                    let full = self.store_full.load(Relaxed);
+                    std::thread::sleep(Duration::from_millis(if full { 20 } else { 1 }));
                 }
+                self.repack();
                 continue;
             }
             {

@@ -46,6 +46,8 @@ pub enum StoreError {
     Config(String),
     #[error("{pages} written pages are still uncompressed: {reason}")]
     WritesPending { pages: u64, reason: String },
+    #[error("invalid page group: {0}")]
+    BadGroup(String),
 }
 
 impl From<PoolError> for StoreError {
@@ -115,6 +117,8 @@ pub struct StoreStats {
     /// Nanoseconds spent decoding on reads.
     pub decompress_nanos: u64,
     pub recompressed_pages: u64,
+    /// Pages moved out of sparse group blocks into new blocks ([`StoreCore::repack_groups`]).
+    pub repacked_pages: u64,
     pub engine: EngineStats,
     pub pool: PoolStats,
 }
@@ -146,6 +150,9 @@ struct Counters {
     discards: AtomicU64,
     decompress_nanos: AtomicU64,
     recompressed: AtomicU64,
+    repacked: AtomicU64,
+    /// Objects decoded (tests check that a block is decoded once per batch).
+    decodes: AtomicU64,
 }
 
 /// Counts jobs in flight so flush() and drop can wait for them.
@@ -175,6 +182,19 @@ impl Latch {
 }
 
 const BLOCK_SHARDS: usize = 64;
+/// Most sparse blocks waiting for a repack.
+const SPARSE_QUEUE_MAX: usize = 1 << 16;
+
+/// What the store knows about a block object besides its bytes.
+struct BlockMeta {
+    /// Member pages still pointing at it (plus any temporary pins of a repack).
+    live: u32,
+    /// For a group block (`write_group`): the page index at each position, so that the
+    /// survivors of a sparse block can be found and repacked. None for aligned blocks.
+    members: Option<Box<[u64]>>,
+    /// In the queue of sparse blocks.
+    queued: bool,
+}
 
 /// What completion sinks need; the engine lives outside it so a worker thread never drops it.
 struct Inner {
@@ -183,7 +203,9 @@ struct Inner {
     dict: Option<Arc<Dictionary>>,
     counters: Counters,
     /// Live member pages per block object, by pool handle.
-    blocks: Vec<Mutex<HashMap<u64, u32>>>,
+    blocks: Vec<Mutex<HashMap<u64, BlockMeta>>>,
+    /// Group blocks that lost at least half of their members, waiting for a repack.
+    sparse: Mutex<Vec<u64>>,
     inflight: Arc<Latch>,
     /// Pending data whose install failed, retried by flush().
     retry: Mutex<Vec<(u64, Arc<[u8]>)>>,
@@ -213,7 +235,10 @@ impl std::ops::Deref for PageStore {
 }
 
 thread_local! {
+    /// A decoded block (reads).
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// A group's pages side by side, the input of its block (write_group).
+    static GROUP: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 impl PageStore {
@@ -251,6 +276,7 @@ impl PageStore {
             blocks: (0..BLOCK_SHARDS)
                 .map(|_| Mutex::new(HashMap::new()))
                 .collect(),
+            sparse: Mutex::new(Vec::new()),
             inflight: Arc::new(Latch::default()),
             retry: Mutex::new(Vec::new()),
             last_failure: Mutex::new(None),
@@ -361,6 +387,268 @@ impl StoreCore {
         inner.count_new(state, 1);
         slot.unlock_with(state, handle.to_raw());
         Ok(())
+    }
+
+    /// Writes up to [`MAX_BLOCK_PAGES`] pages with any indices (distinct, in any order) as one
+    /// group, compressing them on the calling thread: `pages[k]` becomes the content of page
+    /// `indices[k]`. Same-filled pages are stored as such; the others are compressed together as
+    /// one block object (better ratio than page by page: zstd has more history to match), each
+    /// page a member at its position. A block that the rejection rule refuses (incompressible
+    /// data) is not kept: its pages are stored one by one instead, as [`write`](Self::write)
+    /// would. A single compressible page is stored alone.
+    ///
+    /// Members behave like those of any block: reading one decodes the block (a batch read
+    /// decodes it once for all its members in the range), and overwriting or discarding one
+    /// leaves the others intact; the object is freed with its last member.
+    ///
+    /// Every object is allocated before any page changes: on error (memory limit, bad input)
+    /// no page of the group changes.
+    pub fn write_group(&self, indices: &[u64], pages: &[&[u8]]) -> Result<(), StoreError> {
+        let n = indices.len();
+        if n == 0 || n > MAX_BLOCK_PAGES || pages.len() != n {
+            return Err(StoreError::BadGroup(format!(
+                "{n} indices and {} pages (need the same number, 1..={MAX_BLOCK_PAGES})",
+                pages.len()
+            )));
+        }
+        for p in pages {
+            if p.len() != PAGE_SIZE {
+                return Err(StoreError::BadLength {
+                    len: p.len(),
+                    what: "one page (4096 bytes)",
+                });
+            }
+        }
+        for (k, &i) in indices.iter().enumerate() {
+            self.check_range(i, 1)?;
+            if indices[..k].contains(&i) {
+                return Err(StoreError::BadGroup(format!(
+                    "page {i} is in the group twice"
+                )));
+            }
+        }
+        let inner = &self.inner;
+        inner.counters.writes.fetch_add(n as u64, Ordering::Relaxed);
+        // Which pages are same-filled, and which go into the block (by position).
+        let mut same = [None::<u64>; MAX_BLOCK_PAGES];
+        let mut members = [0usize; MAX_BLOCK_PAGES];
+        let mut m = 0;
+        for (k, p) in pages.iter().enumerate() {
+            same[k] = zmem_codec::same_filled(p);
+            if same[k].is_none() {
+                members[m] = k;
+                m += 1;
+            }
+        }
+        let members = &members[..m];
+        let codec = self.policy.write_codec();
+        let dict = inner.dict.as_deref();
+        // Allocate first: the pool objects for the compressible pages, as one block or one by
+        // one. Nothing has changed yet if this fails.
+        let mut block = None;
+        if m > 1 {
+            let (obj, enc) = GROUP.with(|cell| {
+                let mut data = cell.borrow_mut();
+                data.clear();
+                for &k in members {
+                    data.extend_from_slice(pages[k]);
+                }
+                self.engine.compress_now(codec, dict, &data)
+            })?;
+            if enc.codec != CodecId::Raw {
+                block = Some((inner.pool.alloc(&obj)?, enc.codec, obj.len()));
+            }
+        }
+        if let Some((handle, codec, len)) = block {
+            let raw = handle.to_raw();
+            let mut at = [0u64; MAX_BLOCK_PAGES];
+            for (j, &k) in members.iter().enumerate() {
+                at[j] = indices[k];
+            }
+            // Counted before any member is installed, so that a member overwritten at once
+            // cannot free the block under the others.
+            inner.block_register(raw, &at[..m]);
+            let state = State::new(BLOCK).with_object(codec as u8, len);
+            for (j, &k) in members.iter().enumerate() {
+                let slot = &inner.slots[indices[k] as usize];
+                let (old, aux) = slot.lock();
+                inner.release(old, aux);
+                let s = state.with_block(j, m);
+                inner.count_new(s, 1);
+                slot.unlock_with(s, raw);
+            }
+        } else if m > 0 {
+            // One object per page (a lone page, or a group that did not compress as a block).
+            let mut objects: [Option<(Handle, State)>; MAX_BLOCK_PAGES] = [None; MAX_BLOCK_PAGES];
+            for (j, &k) in members.iter().enumerate() {
+                let got = self
+                    .engine
+                    .compress_now(codec, dict, pages[k])
+                    .map_err(StoreError::from)
+                    .and_then(|(obj, enc)| {
+                        let h = inner.pool.alloc(&obj)?;
+                        let st = State::new(OBJECT)
+                            .with_object(enc.codec as u8, obj.len())
+                            .with_flag(HUGE, enc.codec == CodecId::Raw);
+                        Ok((h, st))
+                    });
+                match got {
+                    Ok(o) => objects[j] = Some(o),
+                    Err(e) => {
+                        for (h, _) in objects.iter().flatten() {
+                            inner.free_handle(h.to_raw());
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            for (j, &k) in members.iter().enumerate() {
+                let Some((handle, state)) = objects[j] else {
+                    continue;
+                };
+                let slot = &inner.slots[indices[k] as usize];
+                let (old, aux) = slot.lock();
+                inner.release(old, aux);
+                inner.count_new(state, 1);
+                slot.unlock_with(state, handle.to_raw());
+            }
+        }
+        for (k, w) in same[..n].iter().enumerate() {
+            if let Some(w) = *w {
+                inner.install_same(indices[k], w);
+            }
+        }
+        Ok(())
+    }
+
+    /// Repacks sparse group blocks: a block from [`write_group`](Self::write_group) that has
+    /// lost half of its members or more still holds all of its bytes, so its survivors are
+    /// moved, together with those of other sparse blocks, into a new block of up to
+    /// `max_pages` pages (1..=[`MAX_BLOCK_PAGES`]), and the old blocks are freed with their
+    /// last member. Moves at most `max_pages` pages per call, compressing on the calling thread;
+    /// returns how many it moved. Pages written, discarded or read meanwhile are safe: a page
+    /// is moved only if it still points at the block and position its copy came from.
+    pub fn repack_groups(&self, max_pages: usize) -> usize {
+        let inner = &self.inner;
+        let cap = max_pages.clamp(1, MAX_BLOCK_PAGES);
+        // Survivors collected so far: their page, and the block and position they came from.
+        let mut dest = [0u64; MAX_BLOCK_PAGES];
+        let mut from = [(0u64, 0usize); MAX_BLOCK_PAGES];
+        let mut k = 0;
+        // Pinned source blocks (each gave at least one survivor, so at most `cap`).
+        let mut pinned = [(0u64, false); MAX_BLOCK_PAGES];
+        let mut npinned = 0;
+        // Blocks looked at, at most (stale entries of freed blocks are skipped).
+        let mut pops = 4 * cap;
+        let mut members = [0u64; MAX_BLOCK_PAGES];
+        GROUP.with(|group| {
+            let mut group = group.borrow_mut();
+            group.resize(cap * PAGE_SIZE, 0);
+            SCRATCH.with(|scratch| {
+                let mut scratch = scratch.borrow_mut();
+                while k < cap && pops > 0 {
+                    pops -= 1;
+                    let Some(handle) = inner.sparse.lock().pop() else {
+                        break;
+                    };
+                    let Some(n) = inner.block_pin_sparse(handle, &mut members) else {
+                        continue;
+                    };
+                    // Which members still point here (checked again when they are moved).
+                    let mut found = [(0u64, State(0)); MAX_BLOCK_PAGES];
+                    let mut nfound = 0;
+                    for (pos, &index) in members[..n].iter().enumerate() {
+                        let slot = &inner.slots[index as usize];
+                        let (st, aux) = slot.lock();
+                        slot.unlock_keep(st, 0);
+                        if st.kind() == BLOCK && aux == handle && st.pos() == pos {
+                            found[nfound] = (index, st);
+                            nfound += 1;
+                        }
+                    }
+                    let take = nfound.min(cap - k);
+                    // The pin keeps the object alive: decode it without holding page locks.
+                    if take == 0
+                        || inner
+                            .decode_block(found[0].0, found[0].1, handle, &mut scratch)
+                            .is_err()
+                    {
+                        inner.block_unpin(handle, false);
+                        continue;
+                    }
+                    for &(index, st) in &found[..take] {
+                        group[k * PAGE_SIZE..][..PAGE_SIZE]
+                            .copy_from_slice(&scratch[st.pos() * PAGE_SIZE..][..PAGE_SIZE]);
+                        dest[k] = index;
+                        from[k] = (handle, st.pos());
+                        k += 1;
+                    }
+                    pinned[npinned] = (handle, take < nfound);
+                    npinned += 1;
+                }
+            });
+            if k > 0 {
+                self.install_repacked(&group[..k * PAGE_SIZE], &dest[..k], &from[..k]);
+            }
+        });
+        // Unpinning frees the sources whose every member moved (or is gone); one that kept
+        // survivors is still sparse and queues itself again.
+        for &(h, left_some) in &pinned[..npinned] {
+            inner.block_unpin(h, left_some);
+        }
+        inner
+            .counters
+            .repacked
+            .fetch_add(k as u64, Ordering::Relaxed);
+        k
+    }
+
+    /// Stores `data` (copies of the pages `dest`, each still a member of block `from.0` at
+    /// position `from.1`) as one object and points each page at it if it is still that member.
+    fn install_repacked(&self, data: &[u8], dest: &[u64], from: &[(u64, usize)]) {
+        let inner = &self.inner;
+        let k = dest.len();
+        let Ok((obj, enc)) =
+            self.engine
+                .compress_now(self.policy.write_codec(), inner.dict.as_deref(), data)
+        else {
+            return;
+        };
+        if enc.codec == CodecId::Raw {
+            return; // cannot happen for data that compressed before; never worth it
+        }
+        let Ok(handle) = inner.pool.alloc(&obj) else {
+            return; // memory limit: the pages stay where they are
+        };
+        let raw = handle.to_raw();
+        let state = if k > 1 {
+            inner.block_register(raw, dest);
+            State::new(BLOCK).with_object(enc.codec as u8, obj.len())
+        } else {
+            State::new(OBJECT).with_object(enc.codec as u8, obj.len())
+        };
+        let mut missed = 0;
+        for (j, (&index, &(src, pos))) in dest.iter().zip(from).enumerate() {
+            let slot = &inner.slots[index as usize];
+            let (st, aux) = slot.lock();
+            if st.kind() != BLOCK || aux != src || st.pos() != pos {
+                slot.unlock_keep(st, 0); // written or dropped meanwhile
+                missed += 1;
+                continue;
+            }
+            inner.release(st, aux);
+            let s = if k > 1 { state.with_block(j, k) } else { state };
+            let s = s.with_flag(IDLE, st.has(IDLE));
+            inner.count_new(s, 1);
+            slot.unlock_with(s, raw);
+        }
+        if k > 1 {
+            if missed > 0 && inner.block_adjust(raw, -missed) == 0 {
+                inner.free_handle(raw);
+            }
+        } else if missed > 0 {
+            inner.free_handle(raw);
+        }
     }
 
     /// Writes consecutive pages and waits until they are compressed and stored. Aligned runs
@@ -510,41 +798,74 @@ impl StoreCore {
         self.read_batch(index, buf)
     }
 
-    /// Reads consecutive pages; a block is decoded once for all of its pages in the range.
+    /// Reads consecutive pages; a block is decoded once for all of its pages in the range,
+    /// wherever they are in it.
     pub fn read_batch(&self, start: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let n = Self::pages_of(buf.len(), "a whole number of pages")?;
         self.check_range(start, n)?;
         let inner = &self.inner;
         inner.counters.reads.fetch_add(n, Ordering::Relaxed);
-        let mut i = 0usize;
-        while i < n as usize {
-            let index = start + i as u64;
-            let slot = &inner.slots[index as usize];
-            let (st, aux) = slot.lock();
-            let out = &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
-            let res = match st.kind() {
-                SAME => {
-                    zmem_codec::fill_same(out, aux);
-                    Ok(1)
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            // The block decoded in `scratch` and the member whose lock we keep: while one member
+            // is locked the block cannot be freed, so every other page that points at the same
+            // handle is a member of this very block and is copied without decoding again.
+            // (Locks are taken in ascending index order, as everywhere in the store.)
+            let mut held: Option<(usize, State, u64)> = None;
+            let mut result = Ok(());
+            for i in 0..n as usize {
+                let index = start + i as u64;
+                let slot = &inner.slots[index as usize];
+                let (st, aux) = slot.lock();
+                let out = &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+                let mut keep = false;
+                let res = match st.kind() {
+                    SAME => {
+                        zmem_codec::fill_same(out, aux);
+                        Ok(())
+                    }
+                    OBJECT => inner.decode_object(index, aux, out).map(|_| ()),
+                    PENDING => {
+                        // SAFETY: a PENDING slot owns one strong count of the Arc<Pending>
+                        // whose pointer is in aux, and we hold the slot's lock.
+                        let p = unsafe { &*(aux as *const Pending) };
+                        out.copy_from_slice(&p.input[st.pos() * PAGE_SIZE..][..PAGE_SIZE]);
+                        Ok(())
+                    }
+                    BLOCK => {
+                        let decoded = matches!(held, Some((_, _, h)) if h == aux);
+                        let r = if decoded {
+                            Ok(())
+                        } else {
+                            inner.decode_block(index, st, aux, &mut scratch)
+                        };
+                        r.map(|()| {
+                            out.copy_from_slice(&scratch[st.pos() * PAGE_SIZE..][..PAGE_SIZE]);
+                            keep = !decoded;
+                        })
+                    }
+                    _ => {
+                        out.fill(0);
+                        Ok(())
+                    }
+                };
+                if keep {
+                    if let Some((j, sj, _)) = held.replace((index as usize, st, aux)) {
+                        inner.slots[j].unlock_keep(sj, IDLE);
+                    }
+                } else {
+                    slot.unlock_keep(st, IDLE);
                 }
-                OBJECT => inner.decode_object(index, aux, out).map(|_| 1),
-                PENDING => {
-                    // SAFETY: a PENDING slot owns one strong count of the Arc<Pending> whose
-                    // pointer is in aux, and we hold the slot's lock.
-                    let p = unsafe { &*(aux as *const Pending) };
-                    out.copy_from_slice(&p.input[st.pos() * PAGE_SIZE..][..PAGE_SIZE]);
-                    Ok(1)
+                if res.is_err() {
+                    result = res;
+                    break;
                 }
-                BLOCK => inner.read_block_run(start, i, st, aux, buf),
-                _ => {
-                    out.fill(0);
-                    Ok(1)
-                }
-            };
-            slot.unlock_keep(st, IDLE);
-            i += res?;
-        }
-        Ok(())
+            }
+            if let Some((j, sj, _)) = held {
+                inner.slots[j].unlock_keep(sj, IDLE);
+            }
+            result
+        })
     }
 
     /// Forgets a page; it reads as zeros afterwards. Its neighbours in a block keep their data.
@@ -751,6 +1072,7 @@ impl StoreCore {
             discards: c.discards.load(Ordering::Relaxed),
             decompress_nanos: c.decompress_nanos.load(Ordering::Relaxed),
             recompressed_pages: c.recompressed.load(Ordering::Relaxed),
+            repacked_pages: c.repacked.load(Ordering::Relaxed),
             engine: self.engine.stats(),
             pool,
         }
@@ -856,22 +1178,86 @@ impl Inner {
         }
     }
 
-    /// Changes a block's live-page count; returns what is left.
+    fn block_shard(&self, handle: u64) -> &Mutex<HashMap<u64, BlockMeta>> {
+        &self.blocks[(handle as usize).wrapping_mul(0x9e37_79b9) % BLOCK_SHARDS]
+    }
+
+    /// Counts a new group block's members (all live), before they are installed, and
+    /// remembers which pages they are.
+    fn block_register(&self, handle: u64, members: &[u64]) {
+        self.block_shard(handle).lock().insert(
+            handle,
+            BlockMeta {
+                live: members.len() as u32,
+                members: Some(members.into()),
+                queued: false,
+            },
+        );
+    }
+
+    /// Changes a block's live-page count; returns what is left. A group block that is left
+    /// with half of its members or fewer joins the queue of sparse blocks.
     fn block_adjust(&self, handle: u64, delta: i64) -> u32 {
-        let shard = &self.blocks[(handle as usize).wrapping_mul(0x9e37_79b9) % BLOCK_SHARDS];
-        let mut map = shard.lock();
-        let e = map.entry(handle).or_insert(0);
-        *e = (i64::from(*e) + delta).max(0) as u32;
-        let left = *e;
+        self.block_adjust_queue(handle, delta, true)
+    }
+
+    fn block_adjust_queue(&self, handle: u64, delta: i64, may_queue: bool) -> u32 {
+        let mut map = self.block_shard(handle).lock();
+        let e = map.entry(handle).or_insert(BlockMeta {
+            live: 0,
+            members: None,
+            queued: false,
+        });
+        e.live = (i64::from(e.live) + delta).max(0) as u32;
+        let left = e.live;
         if left == 0 {
             map.remove(&handle);
+        } else if delta < 0 && may_queue && !e.queued {
+            if let Some(m) = &e.members {
+                if left as usize * 2 <= m.len() {
+                    // Bounded (a store whose owner never repacks must not grow it forever;
+                    // entries of blocks freed meanwhile are skipped when popped).
+                    let mut q = self.sparse.lock();
+                    if q.len() < SPARSE_QUEUE_MAX {
+                        q.push(handle);
+                        e.queued = true;
+                    }
+                }
+            }
         }
         left
+    }
+
+    /// Takes a sparse group block out of the queue's hands: pins it (one more live count, so
+    /// that it cannot be freed, nor its handle reused, while it is repacked) and copies its
+    /// member list into `members`; returns how many. None if it is gone or no longer sparse.
+    fn block_pin_sparse(&self, handle: u64, members: &mut [u64; MAX_BLOCK_PAGES]) -> Option<usize> {
+        let mut map = self.block_shard(handle).lock();
+        let e = map.get_mut(&handle)?;
+        e.queued = false;
+        let m = e.members.as_ref()?;
+        if e.live as usize * 2 > m.len() || m.len() > MAX_BLOCK_PAGES {
+            return None;
+        }
+        members[..m.len()].copy_from_slice(m);
+        e.live += 1;
+        Some(m.len())
+    }
+
+    /// Drops a repack's pin and frees the block if it was the last reference. `requeue`: the
+    /// repack left survivors in it (queued again if still sparse). Otherwise it is not queued
+    /// again: members only ever leave a block, so the only references left are pins of other
+    /// repacks (which would find nothing, and spin if it were queued).
+    fn block_unpin(&self, handle: u64, requeue: bool) {
+        if self.block_adjust_queue(handle, -1, requeue) == 0 {
+            self.free_handle(handle);
+        }
     }
 
     fn decode_object(&self, index: u64, handle: u64, out: &mut [u8]) -> Result<usize, StoreError> {
         let h = Handle::from_raw(handle).ok_or(StoreError::Pool(PoolError::InvalidHandle(0)))?;
         let t = Instant::now();
+        self.counters.decodes.fetch_add(1, Ordering::Relaxed);
         let r = self
             .pool
             .with_object(h, |obj| zmem_codec::decode(obj, self.dict.as_deref(), out))?
@@ -882,58 +1268,38 @@ impl Inner {
         r
     }
 
-    /// Reads page `i` of the caller's range (locked by the caller, a block member) and the
-    /// following pages of the range that belong to the same block, decoding the block once.
-    /// Returns how many pages it filled.
-    fn read_block_run(
+    /// Decodes the block of member `index` (state `st`, locked by the caller) into `scratch`.
+    fn decode_block(
         &self,
-        start: u64,
-        i: usize,
+        index: u64,
         st: State,
         handle: u64,
-        buf: &mut [u8],
-    ) -> Result<usize, StoreError> {
-        let index = start + i as u64;
-        let n = buf.len() / PAGE_SIZE;
-        SCRATCH.with(|cell| {
-            let mut scratch = cell.borrow_mut();
-            let need = st.pages() * PAGE_SIZE;
-            if scratch.len() < need {
-                scratch.resize(need, 0);
-            }
-            let got = self.decode_object(index, handle, &mut scratch[..need])?;
-            if got != need {
-                return Err(StoreError::Corrupt {
-                    index,
-                    source: CodecError::LengthMismatch {
-                        expected: need,
-                        got,
-                    },
-                });
-            }
-            buf[i * PAGE_SIZE..][..PAGE_SIZE]
-                .copy_from_slice(&scratch[st.pos() * PAGE_SIZE..][..PAGE_SIZE]);
-            // The caller's lock on page i keeps the block alive: following members can be
-            // copied from the decoded scratch after checking they still belong to it.
-            let mut filled = 1;
-            while i + filled < n {
-                let j = i + filled;
-                let slot = &self.slots[start as usize + j];
-                let (sj, aj) = slot.lock();
-                let same_block =
-                    sj.kind() == BLOCK && aj == handle && sj.pos() == st.pos() + filled;
-                if same_block {
-                    buf[j * PAGE_SIZE..][..PAGE_SIZE]
-                        .copy_from_slice(&scratch[sj.pos() * PAGE_SIZE..][..PAGE_SIZE]);
-                }
-                slot.unlock_keep(sj, if same_block { IDLE } else { 0 });
-                if !same_block {
-                    break;
-                }
-                filled += 1;
-            }
-            Ok(filled)
-        })
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let need = st.pages() * PAGE_SIZE;
+        if st.pos() >= st.pages() {
+            return Err(StoreError::Corrupt {
+                index,
+                source: CodecError::LengthMismatch {
+                    expected: (st.pos() + 1) * PAGE_SIZE,
+                    got: need,
+                },
+            });
+        }
+        if scratch.len() < need {
+            scratch.resize(need, 0);
+        }
+        let got = self.decode_object(index, handle, &mut scratch[..need])?;
+        if got != need {
+            return Err(StoreError::Corrupt {
+                index,
+                source: CodecError::LengthMismatch {
+                    expected: need,
+                    got,
+                },
+            });
+        }
+        Ok(())
     }
 
     /// A compression finished: store the object for the pages that still hold this data.

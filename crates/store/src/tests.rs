@@ -65,6 +65,9 @@ enum Op {
     Flush,
     Compact,
     Recompress,
+    /// A group of scattered pages (duplicates removed), content kinds from the u8 and seed.
+    Group(Vec<u64>, u8, u64),
+    Repack(usize),
 }
 
 fn op(pages: u64) -> impl Strategy<Value = Op> {
@@ -79,11 +82,45 @@ fn op(pages: u64) -> impl Strategy<Value = Op> {
         1 => Just(Op::Flush),
         1 => Just(Op::Compact),
         1 => Just(Op::Recompress),
+        3 => (proptest::collection::vec(0..pages, 1..=16), any::<u8>(), any::<u64>())
+            .prop_map(|(v, k, s)| Op::Group(v, k, s)),
+        1 => (1..=16usize).prop_map(Op::Repack),
     ]
 }
 
+/// Mostly groups, single writes, discards and overwrites: many sparse blocks and repacks.
+fn group_op(pages: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (proptest::collection::vec(0..pages, 1..=16), any::<u8>(), any::<u64>())
+            .prop_map(|(v, k, s)| Op::Group(v, k, s)),
+        3 => (0..pages, any::<u8>(), any::<u64>()).prop_map(|(i, k, s)| Op::Write(i, k, s)),
+        3 => (0..pages).prop_map(Op::Discard),
+        3 => (0..pages).prop_map(Op::Read),
+        2 => (0..pages, 1..=24u64).prop_map(|(i, n)| Op::ReadBatch(i, n)),
+        2 => (1..=16usize).prop_map(Op::Repack),
+        1 => Just(Op::Compact),
+        1 => (0..pages, 1..=20u64, any::<u8>(), any::<u64>(), any::<bool>())
+            .prop_map(|(i, n, k, s, w)| Op::Batch(i, n, k, s, w)),
+    ]
+}
+
+/// Content of page `p` of a group: mostly text, some same-filled, zero or incompressible.
+fn group_content(kind: u8, seed: u64, p: usize) -> Vec<u8> {
+    let k = match kind % 8 {
+        0..=3 => 0,
+        4 => (p % 4) as u8,
+        5 => 3,
+        6 => (p % 2) as u8 * 3,
+        _ => (seed as usize + p) as u8 % 3,
+    };
+    content(k, seed ^ (p as u64 * 7919))
+}
+
 fn check_against_model(policy: Policy, block_pages: usize, ops: Vec<Op>) {
-    let pages = 64u64;
+    check_against_model_pages(policy, block_pages, 64, ops)
+}
+
+fn check_against_model_pages(policy: Policy, block_pages: usize, pages: u64, ops: Vec<Op>) {
     let s = store(pages, policy, block_pages);
     let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
     let expect = |m: &HashMap<u64, Vec<u8>>, i: u64| m.get(&i).cloned().unwrap_or(vec![0; PS]);
@@ -141,6 +178,20 @@ fn check_against_model(policy: Policy, block_pages: usize, ops: Vec<Op>) {
                 s.flush().unwrap();
                 s.recompress(Codec::Zstd { level: 1 }, false);
             }
+            Op::Group(mut idx, k, seed) => {
+                let mut seen = std::collections::HashSet::new();
+                idx.retain(|i| seen.insert(*i));
+                let data: Vec<Vec<u8>> =
+                    (0..idx.len()).map(|p| group_content(k, seed, p)).collect();
+                let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+                s.write_group(&idx, &refs).unwrap();
+                for (i, d) in idx.iter().zip(data) {
+                    model.insert(*i, d);
+                }
+            }
+            Op::Repack(n) => {
+                s.repack_groups(n);
+            }
         }
     }
     s.flush().unwrap();
@@ -159,6 +210,41 @@ fn check_against_model(policy: Policy, block_pages: usize, ops: Vec<Op>) {
     if block_pages == 1 {
         assert_eq!(st.same_pages, same);
     }
+    assert_block_counts(&s);
+    // Every object is freed with the last page that uses it: nothing leaks.
+    s.discard_range(0, pages).unwrap();
+    let st = s.stats();
+    assert_eq!(
+        st.pool.objects, 0,
+        "objects left after discarding every page"
+    );
+    assert_eq!(st.compr_data_size, 0);
+    assert_eq!(st.block_pages, 0);
+    assert_eq!(st.orig_data_size, 0);
+}
+
+/// The live count of every block equals the pages that point at it, and block_pages counts
+/// them all.
+fn assert_block_counts(s: &PageStore) {
+    let mut per_block: HashMap<u64, u32> = HashMap::new();
+    for slot in s.inner.slots.iter() {
+        let (st, aux) = slot.lock();
+        slot.unlock_keep(st, 0);
+        if st.kind() == BLOCK {
+            *per_block.entry(aux).or_default() += 1;
+        }
+    }
+    let mut recorded: HashMap<u64, u32> = HashMap::new();
+    for shard in &s.inner.blocks {
+        for (h, m) in shard.lock().iter() {
+            recorded.insert(*h, m.live);
+        }
+    }
+    assert_eq!(per_block, recorded, "block live counts");
+    assert_eq!(
+        s.stats().block_pages,
+        per_block.values().map(|&n| u64::from(n)).sum::<u64>()
+    );
 }
 
 proptest! {
@@ -167,6 +253,11 @@ proptest! {
     #[test]
     fn store_matches_model_single_pages(ops in proptest::collection::vec(op(64), 1..120), p in 0usize..4) {
         check_against_model(Policy::ALL[p], 1, ops);
+    }
+
+    #[test]
+    fn store_matches_model_with_groups(ops in proptest::collection::vec(group_op(48), 1..160), p in 0usize..4) {
+        check_against_model_pages(Policy::ALL[p], 1, 48, ops);
     }
 
     #[test]
@@ -554,4 +645,385 @@ fn dictionary_policy_round_trips() {
     for i in 0..64 {
         assert_eq!(read_page(&s, i), content(0, i + 500));
     }
+}
+
+fn write_group_owned(s: &PageStore, idx: &[u64], data: &[Vec<u8>]) -> Result<(), StoreError> {
+    let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+    s.write_group(idx, &refs)
+}
+
+#[test]
+fn a_group_of_scattered_pages_is_one_block() {
+    let s = store(256, Policy::Balanced, 1);
+    let idx = [200u64, 3, 77, 150, 9, 41, 128, 255];
+    let data: Vec<Vec<u8>> = (0..8).map(|i| content(0, i)).collect();
+    write_group_owned(&s, &idx, &data).unwrap();
+    let st = s.stats();
+    assert_eq!(st.pool.objects, 1, "one object for the group");
+    assert_eq!(st.block_pages, 8);
+    assert_eq!(st.orig_data_size, 8 * PS as u64);
+    for (i, d) in idx.iter().zip(&data) {
+        assert_eq!(&read_page(&s, *i), d, "page {i}");
+    }
+    // Smaller than the same pages stored one by one.
+    let single = store(256, Policy::Balanced, 1);
+    for (i, d) in idx.iter().zip(&data) {
+        single.write(*i, d).unwrap();
+    }
+    assert!(st.compr_data_size < single.stats().compr_data_size);
+    // Overwrite one member, discard another: the others keep their data.
+    s.write(77, &content(0, 99)).unwrap();
+    s.discard(9).unwrap();
+    assert_eq!(s.stats().block_pages, 6);
+    for (i, d) in idx.iter().zip(&data) {
+        let want = match i {
+            77 => content(0, 99),
+            9 => vec![0; PS],
+            _ => d.clone(),
+        };
+        assert_eq!(read_page(&s, *i), want, "page {i}");
+    }
+    assert_block_counts(&s);
+    // The last member frees the block.
+    for i in idx {
+        if i != 77 {
+            s.discard(i).unwrap();
+        }
+    }
+    let st = s.stats();
+    assert_eq!(st.block_pages, 0);
+    assert_eq!(st.pool.objects, 1, "only page 77's own object is left");
+}
+
+#[test]
+fn a_batch_read_decodes_a_group_block_once() {
+    let s = store(64, Policy::Max, 1);
+    // Members at 5, 2, 9, 3 (positions 0..4); page 4 is another object in between.
+    let data: Vec<Vec<u8>> = (0..4).map(|i| content(0, i)).collect();
+    write_group_owned(&s, &[5, 2, 9, 3], &data).unwrap();
+    s.write(4, &content(0, 50)).unwrap();
+    let before = s.inner.counters.decodes.load(Ordering::Relaxed);
+    let mut buf = vec![0u8; 10 * PS];
+    s.read_batch(0, &mut buf).unwrap();
+    let decodes = s.inner.counters.decodes.load(Ordering::Relaxed) - before;
+    assert_eq!(decodes, 2, "the block once, page 4 once");
+    let want = |i: usize| match i {
+        5 => data[0].clone(),
+        2 => data[1].clone(),
+        9 => data[2].clone(),
+        3 => data[3].clone(),
+        4 => content(0, 50),
+        _ => vec![0; PS],
+    };
+    for i in 0..10 {
+        assert_eq!(&buf[i * PS..][..PS], &want(i)[..], "page {i}");
+    }
+    // Single reads of members decode the block each time, into the caller's buffer.
+    for i in [2u64, 3, 5, 9] {
+        assert_eq!(read_page(&s, i), want(i as usize));
+    }
+}
+
+#[test]
+fn groups_store_same_filled_and_incompressible_pages_as_the_other_paths_do() {
+    let s = store(64, Policy::Balanced, 1);
+    // Text, same-filled, zero and random pages: the text pages share a block; same-filled
+    // pages take no pool memory.
+    let kinds = [0u8, 1, 2, 0, 3, 0, 1, 0];
+    let idx: Vec<u64> = (0..8).map(|i| 60 - 7 * i).collect();
+    let data: Vec<Vec<u8>> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| content(k, i as u64 + 1))
+        .collect();
+    write_group_owned(&s, &idx, &data).unwrap();
+    let st = s.stats();
+    assert_eq!(st.same_pages, 3);
+    assert_eq!(
+        st.block_pages, 5,
+        "four text pages and the random one share a block"
+    );
+    assert_eq!(st.pool.objects, 1);
+    for (i, d) in idx.iter().zip(&data) {
+        assert_eq!(&read_page(&s, *i), d);
+    }
+    // A group that does not compress as a block is stored page by page (raw pages).
+    let random: Vec<Vec<u8>> = (0..6).map(|i| content(3, 100 + i)).collect();
+    write_group_owned(&s, &[1, 2, 3, 4, 5, 6], &random).unwrap();
+    let st = s.stats();
+    assert_eq!(st.pool.objects, 7);
+    assert_eq!(st.huge_pages, 6);
+    assert_eq!(st.block_pages, 5);
+    for (i, d) in (1..=6).zip(&random) {
+        assert_eq!(&read_page(&s, i), d);
+    }
+    // One compressible page is stored alone, not as a block of one.
+    write_group_owned(&s, &[30, 31], &[content(1, 7), content(0, 7)]).unwrap();
+    assert_eq!(s.stats().block_pages, 5);
+    assert_eq!(read_page(&s, 31), content(0, 7));
+    assert_block_counts(&s);
+}
+
+#[test]
+fn bad_groups_are_refused_and_change_nothing() {
+    let s = store(32, Policy::Fast, 1);
+    s.write(1, &content(0, 1)).unwrap();
+    let page = content(0, 2);
+    let p: &[u8] = &page;
+    let bad: Vec<(Vec<u64>, Vec<&[u8]>)> = vec![
+        (vec![], vec![]),
+        (vec![1, 2], vec![p]),
+        (vec![1], vec![p, p]),
+        ((0..17).collect(), vec![p; 17]),
+        (vec![1, 2, 1], vec![p, p, p]),
+        (vec![1, 32], vec![p, p]),
+        (vec![1, 2], vec![p, &page[..100]]),
+    ];
+    for (idx, pages) in bad {
+        let e = s.write_group(&idx, &pages).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::BadGroup(_)
+                    | StoreError::OutOfRange { .. }
+                    | StoreError::BadLength { .. }
+            ),
+            "{idx:?}: {e}"
+        );
+    }
+    assert_eq!(read_page(&s, 1), content(0, 1));
+    assert_eq!(read_page(&s, 2), vec![0; PS]);
+    assert_eq!(s.stats().orig_data_size, PS as u64);
+}
+
+#[test]
+fn a_group_over_the_memory_limit_changes_nothing() {
+    for incompressible in [false, true] {
+        let mut cfg = StoreConfig::new(4096, Policy::Balanced);
+        cfg.mem_limit = Some(256 * 1024);
+        let s = PageStore::new(cfg).unwrap();
+        // Old content for the group's pages: same-filled and text pages.
+        for i in 0..8u64 {
+            s.write(i, &content((i % 2) as u8, i)).unwrap();
+        }
+        let mut n = 8;
+        while s.write(n, &content(0, n)).is_ok() {
+            n += 1;
+            assert!(n < 4096, "the limit never hit");
+        }
+        let before = s.stats();
+        let kind = if incompressible { 3 } else { 0 };
+        let data: Vec<Vec<u8>> = (0..8)
+            .map(|i| {
+                if i == 3 {
+                    content(2, 0) // a zero page: would cost nothing, still must not change
+                } else {
+                    content(kind, 1000 + i)
+                }
+            })
+            .collect();
+        let e = write_group_owned(&s, &(0..8).collect::<Vec<_>>(), &data).unwrap_err();
+        assert!(matches!(e, StoreError::MemoryLimit { .. }), "{e}");
+        let after = s.stats();
+        assert_eq!(after.pool.objects, before.pool.objects, "nothing leaked");
+        assert_eq!(after.orig_data_size, before.orig_data_size);
+        assert_eq!(after.same_pages, before.same_pages);
+        for i in 0..8u64 {
+            assert_eq!(read_page(&s, i), content((i % 2) as u8, i), "page {i}");
+        }
+        // Room again: the group goes in.
+        s.set_mem_limit(None);
+        write_group_owned(&s, &(0..8).collect::<Vec<_>>(), &data).unwrap();
+        for i in 0..8 {
+            assert_eq!(read_page(&s, i), data[i as usize]);
+        }
+    }
+}
+
+#[test]
+fn corrupt_group_blocks_give_errors_not_crashes() {
+    let s = store(16, Policy::Balanced, 1);
+    let data: Vec<Vec<u8>> = (0..4).map(|i| content(0, i)).collect();
+    write_group_owned(&s, &[8, 1, 12, 5], &data).unwrap();
+    // A garbage object, a valid object of the wrong length, and a position past the end.
+    let one_page = {
+        let (obj, _) = s
+            .engine
+            .compress_now(Codec::Zstd { level: 1 }, None, &content(0, 9))
+            .unwrap();
+        obj
+    };
+    let cases: [(&[u8], usize, usize); 3] = [
+        (&[2, 0, 64, 0, 9, 9, 9, 9], 0, 4),
+        (&one_page, 1, 4),
+        (&one_page, 5, 4),
+    ];
+    for (obj, pos, pages) in cases {
+        let h = s.inner.pool.alloc(obj).unwrap().to_raw();
+        s.inner.block_register(h, &[3]);
+        let slot = &s.inner.slots[3];
+        let (st, aux) = slot.lock();
+        s.inner.release(st, aux);
+        let new = State::new(BLOCK)
+            .with_object(CodecId::Zstd as u8, obj.len())
+            .with_block(pos, pages);
+        s.inner.count_new(new, 1);
+        slot.unlock_with(new, h);
+        let mut b = vec![0u8; PS];
+        assert!(matches!(
+            s.read(3, &mut b),
+            Err(StoreError::Corrupt { index: 3, .. })
+        ));
+        let mut bb = vec![0u8; 16 * PS];
+        assert!(matches!(
+            s.read_batch(0, &mut bb),
+            Err(StoreError::Corrupt { index: 3, .. })
+        ));
+        // The good block's members still read, and the bad page can be overwritten.
+        for (i, d) in [8u64, 1, 12, 5].iter().zip(&data) {
+            assert_eq!(&read_page(&s, *i), d);
+        }
+        s.write(3, &content(0, 3)).unwrap();
+        assert_eq!(read_page(&s, 3), content(0, 3));
+    }
+    assert_block_counts(&s);
+}
+
+#[test]
+fn sparse_group_blocks_are_repacked() {
+    let s = store(256, Policy::Max, 1);
+    let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+    // Four blocks of eight scattered pages; each then loses five of them.
+    for b in 0..4u64 {
+        let idx: Vec<u64> = (0..8).map(|k| (k * 31 + b * 7) % 256).collect();
+        let data: Vec<Vec<u8>> = (0..8).map(|k| content(0, b * 8 + k)).collect();
+        write_group_owned(&s, &idx, &data).unwrap();
+        for (i, d) in idx.iter().zip(data) {
+            model.insert(*i, d);
+        }
+    }
+    assert_eq!(s.stats().pool.objects, 4);
+    let mut dropped = 0;
+    for b in 0..4u64 {
+        for k in [0u64, 2, 3, 5, 7] {
+            let i = (k * 31 + b * 7) % 256;
+            if k % 2 == 0 {
+                s.discard(i).unwrap();
+                model.remove(&i);
+            } else {
+                s.write(i, &content(1, i)).unwrap(); // same-filled: no object
+                model.insert(i, content(1, i));
+            }
+            dropped += 1;
+        }
+    }
+    assert_eq!(dropped, 20);
+    assert_eq!(s.inner.sparse.lock().len(), 4);
+    let before = s.stats();
+    assert_eq!(before.block_pages, 12);
+    // 12 survivors: one block of 8 (two sources freed whole, one split), then the rest.
+    assert_eq!(s.repack_groups(8), 8);
+    assert_eq!(s.repack_groups(8), 4);
+    assert_eq!(s.repack_groups(8), 0);
+    let after = s.stats();
+    assert_eq!(after.repacked_pages, 12);
+    assert_eq!(after.block_pages, 12);
+    assert_eq!(
+        after.pool.objects, 2,
+        "four sparse blocks became two dense ones"
+    );
+    assert!(after.compr_data_size < before.compr_data_size);
+    for i in 0..256 {
+        let want = model.get(&i).cloned().unwrap_or(vec![0; PS]);
+        assert_eq!(read_page(&s, i), want, "page {i}");
+    }
+    assert_block_counts(&s);
+}
+
+#[test]
+fn many_threads_with_groups_repacks_and_compaction() {
+    // Every page carries its index, a version and a checksum; any read must be one whole write.
+    fn stamped(index: u64, version: u64) -> Vec<u8> {
+        let mut p = content(0, index * 1000 + version);
+        p[..8].copy_from_slice(&index.to_le_bytes());
+        p[8..16].copy_from_slice(&version.to_le_bytes());
+        p[16..24].fill(0);
+        let sum: u64 = p[24..].iter().map(|&b| u64::from(b)).sum();
+        p[16..24].copy_from_slice(&sum.to_le_bytes());
+        p
+    }
+    fn check(index: u64, p: &[u8]) {
+        if p.iter().all(|&b| b == 0) {
+            return;
+        }
+        assert_eq!(u64::from_le_bytes(p[..8].try_into().unwrap()), index);
+        let stored = u64::from_le_bytes(p[16..24].try_into().unwrap());
+        let sum: u64 = p[24..].iter().map(|&b| u64::from(b)).sum();
+        assert_eq!(sum, stored, "torn page {index}");
+    }
+    let pages = 256u64;
+    let s = Arc::new(store(pages, Policy::Balanced, 1));
+    let threads: Vec<_> = (0..6u64)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut x = t + 1;
+                let mut next = move || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                let mut buf = vec![0u8; 8 * PS];
+                for v in 0..1200u64 {
+                    let i = next() % (pages - 8);
+                    match v % 7 {
+                        0 | 1 => {
+                            let mut idx: Vec<u64> = (0..8).map(|_| next() % pages).collect();
+                            idx.sort_unstable();
+                            idx.dedup();
+                            let data: Vec<Vec<u8>> = idx.iter().map(|&i| stamped(i, v)).collect();
+                            write_group_owned(&s, &idx, &data).unwrap();
+                        }
+                        2 => s.write(i, &stamped(i, v)).unwrap(),
+                        3 => s.discard(i).unwrap(),
+                        4 => {
+                            s.repack_groups(1 + (v % 16) as usize);
+                        }
+                        5 => {
+                            s.read_batch(i, &mut buf).unwrap();
+                            for k in 0..8 {
+                                check(i + k as u64, &buf[k * PS..][..PS]);
+                            }
+                        }
+                        _ => {
+                            s.read(i, &mut buf[..PS]).unwrap();
+                            check(i, &buf[..PS]);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let compactor = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            for _ in 0..50 {
+                s.compact();
+                std::thread::yield_now();
+            }
+        })
+    };
+    for t in threads {
+        t.join().unwrap();
+    }
+    compactor.join().unwrap();
+    let mut b = vec![0u8; PS];
+    for i in 0..pages {
+        s.read(i, &mut b).unwrap();
+        check(i, &b);
+    }
+    assert_block_counts(&s);
+    s.discard_range(0, pages).unwrap();
+    assert_eq!(s.stats().pool.objects, 0);
 }
