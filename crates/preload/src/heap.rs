@@ -59,6 +59,14 @@ pub fn setup_internal() -> Result<(), String> {
     let mut id: mi::mi_arena_id_t = null_mut();
     // SAFETY: plain calls into mimalloc.
     unsafe {
+        // mimalloc reads each option from the environment the first time it is used. A program
+        // may have moved its environment into the heap (redis's setproctitle does), where a
+        // zmem thread reading it later (mimalloc purging inside an internal allocation) would
+        // fault on memory only it can serve: a deadlock, found by `zmem demo redis`. So every
+        // option is read now, before the program runs.
+        for option in 0..mi::OPTION_COUNT {
+            mi::mi_option_get(option);
+        }
         mi::mi_option_set(mi::OPTION_SHOW_ERRORS, 1);
         let err = mi::mi_reserve_os_memory_ex(INTERNAL_RESERVE, false, false, true, &mut id);
         if err != 0 || id.is_null() {

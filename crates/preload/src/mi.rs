@@ -24,6 +24,8 @@ pub const OPTION_SHOW_ERRORS: c_int = 0;
 pub const OPTION_DISALLOW_OS_ALLOC: c_int = 17;
 /// mi_option_arena_max_object_size (KiB): larger objects would bypass the arenas.
 pub const OPTION_ARENA_MAX_OBJECT_SIZE: c_int = 45;
+/// _mi_option_last: the number of options.
+pub const OPTION_COUNT: c_int = 47;
 
 extern "C" {
     pub fn mi_malloc(size: usize) -> *mut c_void;
@@ -78,5 +80,6 @@ extern "C" {
     ) -> c_int;
     pub fn mi_heap_new_in_arena(arena_id: mi_arena_id_t) -> *mut mi_heap_t;
     pub fn mi_option_set(option: c_int, value: c_long);
+    pub fn mi_option_get(option: c_int) -> c_long;
     pub fn mi_version() -> c_int;
 }
