@@ -5,7 +5,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -176,11 +175,7 @@ pub fn run(corpus: &Corpus, resident: u64, data: u64, policy: &str) -> anyhow::R
         .next()
         .context("no redis process")?
         .parse()?;
-    let dir_s = zmem_runenv::socket_dir(
-        std::env::var_os(zmem_runenv::ENV_SOCKET_DIR)
-            .map(PathBuf::from)
-            .as_deref(),
-    );
+    let dir_s = zmem_runenv::socket_dir_from_env();
     let s = query(&dir_s, redis_pid).context("zmem stat")?;
     println!("\n$ zmem stat {redis_pid}\n{}", table(&[&s]));
     println!(

@@ -140,24 +140,9 @@ pub struct RunReport {
     pub others: Vec<ProcessStats>,
 }
 
-fn machine_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("MemTotal:"))?
-                .split_whitespace()
-                .nth(1)?
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(u64::MAX)
-}
-
 /// The settings for the program, checked.
 pub fn config(a: &RunArgs, report_dir: &Path) -> Result<RunConfig, RunError> {
-    let mem = machine_memory();
+    let mem = zmem_runenv::machine_memory().unwrap_or(u64::MAX);
     let min = (MIN_BUDGET_PAGES * PAGE) as u64;
     let resident = if a.adaptive {
         None
@@ -629,11 +614,7 @@ pub struct StatArgs {
 
 /// `zmem stat PID`.
 pub fn stat(a: &StatArgs) -> anyhow::Result<()> {
-    let dir = zmem_runenv::socket_dir(
-        std::env::var_os(zmem_runenv::ENV_SOCKET_DIR)
-            .map(PathBuf::from)
-            .as_deref(),
-    );
+    let dir = zmem_runenv::socket_dir_from_env();
     let path = zmem_runenv::socket_path(&dir, a.pid);
     let mut first = true;
     loop {

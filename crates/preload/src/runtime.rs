@@ -96,19 +96,6 @@ pub fn start() {
 
 type InitError = (String, OnError);
 
-fn machine_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(8 << 30)
-}
-
 pub fn program_name() -> String {
     std::fs::read_to_string("/proc/self/comm")
         .map(|s| s.trim().to_string())
@@ -125,9 +112,10 @@ fn init() -> Result<(), InitError> {
     let fail = |m: String| (m, on_error);
     crate::logging::init(config.log.as_deref());
 
+    let machine_memory = zmem_runenv::machine_memory().unwrap_or(8 << 30);
     let size = config
         .size
-        .unwrap_or_else(|| zmem_runenv::DEFAULT_SIZE_PER_RAM * machine_memory());
+        .unwrap_or_else(|| zmem_runenv::DEFAULT_SIZE_PER_RAM * machine_memory);
     if size < MIN_SIZE {
         return Err(fail(format!(
             "heap size {size} bytes is too small (at least {MIN_SIZE} bytes)"
@@ -140,7 +128,7 @@ fn init() -> Result<(), InitError> {
         // Between 16 MiB and all of the machine's memory, as pressure allows.
         None => Budget::Adaptive(zmem_region::AdaptiveConfig::new(
             16 << 20,
-            machine_memory().min(size),
+            machine_memory.min(size),
         )),
     };
     let mut rc = RegionConfig::new(size, budget);

@@ -285,6 +285,29 @@ impl ProcessStats {
     }
 }
 
+/// The machine's memory (MemTotal), or None if /proc/meminfo cannot be read.
+pub fn machine_memory() -> Option<u64> {
+    let t = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = t
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// The socket directory named by `ZMEM_SOCKET_DIR` in this process's environment, or the
+/// default one.
+pub fn socket_dir_from_env() -> PathBuf {
+    socket_dir(
+        std::env::var_os(ENV_SOCKET_DIR)
+            .map(PathBuf::from)
+            .as_deref(),
+    )
+}
+
 /// The default socket directory of user `uid`: /tmp/zmem-<uid>.
 pub fn default_socket_dir(uid: u32) -> PathBuf {
     PathBuf::from(format!("/tmp/zmem-{uid}"))
