@@ -24,8 +24,8 @@ use std::str::FromStr;
 pub use dict::{train_dictionary, Dictionary};
 pub use same::{fill_same, same_filled};
 
-/// The page size zmem works with.
-pub const PAGE_SIZE: usize = 4096;
+/// The page size zmem works with (defined once, in zmem-os).
+pub use zmem_os::PAGE_SIZE;
 /// Bytes of zmem's header without a dictionary id.
 pub const HEADER_LEN: usize = 4;
 /// Largest original length an object header can describe.

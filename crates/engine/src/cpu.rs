@@ -42,7 +42,7 @@ impl CpuBackend {
         for i in 0..workers {
             let rx: Receiver<Task> = rx.clone();
             let counters = counters.clone();
-            let h = crate::thread::spawn(format!("zmem-cpu-{i}"), move || {
+            let h = zmem_os::thread::spawn(format!("zmem-cpu-{i}"), move || {
                 // recv() sleeps while the queue is empty and ends when every sender is gone.
                 while let Ok(Task { jobs, sink }) = rx.recv() {
                     for job in jobs {

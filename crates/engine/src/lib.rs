@@ -11,7 +11,8 @@
 mod backend;
 mod cpu;
 mod policy;
-pub mod thread;
+/// Kept until every layer spawns through zmem-os directly.
+pub use zmem_os::thread;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

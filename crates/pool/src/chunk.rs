@@ -127,31 +127,12 @@ fn mark(used: &mut [u64; WORDS], start: usize, len: usize, on: bool) {
     }
 }
 
-/// Maps one chunk of anonymous memory.
+/// Maps one chunk of anonymous memory, in 4 KiB pages: a huge page would make the resident size
+/// exceed the pages counted in live spans. The chunk table owns it from here (unmap_chunk).
 fn map_chunk() -> Result<RawPtr, PoolError> {
-    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
-    // existing memory; the result is checked before use.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            CHUNK_BYTES,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(PoolError::OutOfMemory(format!(
-            "mmap of a {CHUNK_BYTES}-byte chunk: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    // Huge pages would make the resident size exceed the pages counted in live spans.
-    advise(p.cast(), CHUNK_BYTES, libc::MADV_NOHUGEPAGE);
-    NonNull::new(p.cast::<u8>())
-        .map(RawPtr)
-        .ok_or_else(|| PoolError::OutOfMemory("mmap returned null".into()))
+    let m = zmem_os::Mapping::new(CHUNK_BYTES, zmem_os::MappingFlags::RESERVE_SMALL_PAGES)
+        .map_err(|e| PoolError::OutOfMemory(format!("mmap of a {CHUNK_BYTES}-byte chunk: {e}")))?;
+    Ok(RawPtr(m.into_raw().0))
 }
 
 /// madvise on pool memory; errors are ignored (the advice is an optimisation or a release of

@@ -53,8 +53,8 @@ use parking_lot::RwLock;
 use chunk::{ChunkAlloc, RawPtr, Run};
 use class::{ClassInfo, ClassTable, CLASS_STEP, MAX_OBJECT_SIZE_LIMIT, MAX_SPAN_PAGES_LIMIT};
 
-/// Page size the pool works in.
-pub const PAGE_SIZE: usize = 4096;
+/// Page size the pool works in (defined once, in zmem-os).
+pub use zmem_os::PAGE_SIZE;
 
 /// An opaque reference to an object in a [`Pool`]. It stays valid when compaction moves the
 /// object, and becomes invalid (detected) when the object is freed.

@@ -303,7 +303,7 @@ fn spawn_recompressor(
 ) -> Result<(Arc<AtomicBool>, JoinHandle<()>), StoreError> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    let h = zmem_engine::thread::spawn("zmem-recompress".into(), move || {
+    let h = zmem_os::thread::spawn("zmem-recompress".into(), move || {
         let mut last = Instant::now();
         core.mark_idle();
         while !flag.load(Ordering::Acquire) {

@@ -1,4 +1,5 @@
-//! Threads zmem starts. An embedder that must tell zmem's own threads from the program's (the
+//! Threads zmem starts: the engine's CPU workers, a region's handlers and evictor, the store's
+//! background work. An embedder that must tell zmem's own threads from the program's (the
 //! preload library routes their allocations away from the program's compressed heap) installs a
 //! hook that every zmem thread runs first, before it allocates anything.
 

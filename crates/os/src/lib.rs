@@ -1,0 +1,30 @@
+//! What every zmem layer needs of the operating system, defined once: the page size zmem works
+//! in, anonymous mappings that unmap themselves, and the start hook of zmem's own threads.
+//!
+//! This crate is the bottom of the graph (it depends on libc only), so the codec, the pool, the
+//! engine, the store and the region can all share it without depending on each other.
+
+pub mod mapping;
+pub mod thread;
+
+pub use mapping::{Mapping, MappingFlags};
+
+/// The page size zmem compresses, stores and faults in: the base page of x86-64 and of the
+/// default arm64 kernels. Regions refuse to start where the kernel's page size differs (the
+/// userfaultfd ioctls work in kernel pages).
+pub const PAGE_SIZE: usize = 4096;
+
+/// The kernel's base page size, for the check above.
+pub fn kernel_page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the running kernel and touches no memory of ours.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).unwrap_or(PAGE_SIZE)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn page_size_is_the_kernels() {
+        assert_eq!(super::kernel_page_size(), super::PAGE_SIZE);
+    }
+}

@@ -1,0 +1,151 @@
+//! Anonymous private mappings owned by a guard: the pool's chunks, a region's range and staging
+//! area, the benchmarks' working sets. Unmapped on drop unless the owner takes the address over
+//! with [`Mapping::into_raw`], so an error between mmap and the point where a structure owns
+//! the range never leaks it.
+
+use std::io;
+use std::ptr::NonNull;
+
+/// How a mapping is made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingFlags {
+    /// MAP_NORESERVE: no swap reservation; used for address space larger than its resident use.
+    pub noreserve: bool,
+    /// MADV_NOHUGEPAGE after the map: keep 4 KiB pages (a huge page would be faulted, counted and
+    /// swapped as one). Advisory: a refusal is ignored.
+    pub no_huge_pages: bool,
+}
+
+impl MappingFlags {
+    /// Reserved address space in 4 KiB pages: MAP_NORESERVE and no huge pages.
+    pub const RESERVE_SMALL_PAGES: MappingFlags = MappingFlags {
+        noreserve: true,
+        no_huge_pages: true,
+    };
+}
+
+/// An anonymous private read-write mapping, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the guard only holds the range's address; the memory behind it is plain anonymous
+// memory whose users synchronise among themselves.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; &Mapping gives nothing but the address and the length.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes (rounded up to whole pages by the kernel) at an address of the kernel's
+    /// choosing.
+    pub fn new(len: usize, flags: MappingFlags) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a mapping of 0 bytes",
+            ));
+        }
+        let mut map_flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        if flags.noreserve {
+            map_flags |= libc::MAP_NORESERVE;
+        }
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing touches no
+        // existing memory; the result is checked before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                map_flags,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| io::Error::other("mmap returned address 0"))?;
+        if flags.no_huge_pages {
+            // SAFETY: the range is the mapping just made; advice only.
+            unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+        }
+        Ok(Mapping { ptr, len })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Gives up ownership: the range stays mapped and the caller unmaps it.
+    pub fn into_raw(self) -> (NonNull<u8>, usize) {
+        let parts = (self.ptr, self.len);
+        std::mem::forget(self);
+        parts
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once (into_raw forgets the guard).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_zeroed_writable_memory_and_unmaps_on_drop() {
+        let m = Mapping::new(3 * crate::PAGE_SIZE, MappingFlags::RESERVE_SMALL_PAGES).unwrap();
+        // SAFETY: inside the mapping just made.
+        let s = unsafe { std::slice::from_raw_parts_mut(m.as_ptr(), m.len()) };
+        assert!(s.iter().all(|&b| b == 0));
+        s[crate::PAGE_SIZE + 5] = 7;
+        assert_eq!(s[crate::PAGE_SIZE + 5], 7);
+        let addr = m.addr();
+        drop(m);
+        // The range is gone: mincore on it fails with ENOMEM.
+        let mut vec = [0u8; 3];
+        // SAFETY: mincore only reports on the range; it does not touch it.
+        let rc = unsafe { libc::mincore(addr as *mut _, 3 * crate::PAGE_SIZE, vec.as_mut_ptr()) };
+        assert_eq!(rc, -1);
+        assert_eq!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::ENOMEM)
+        );
+    }
+
+    #[test]
+    fn into_raw_keeps_the_range() {
+        let m = Mapping::new(crate::PAGE_SIZE, MappingFlags::default()).unwrap();
+        let (p, len) = m.into_raw();
+        let mut vec = [0u8; 1];
+        // SAFETY: mincore only reports on the range.
+        let rc = unsafe { libc::mincore(p.as_ptr().cast(), len, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        // SAFETY: the range into_raw handed over, unmapped once.
+        unsafe { libc::munmap(p.as_ptr().cast(), len) };
+    }
+
+    #[test]
+    fn zero_length_is_an_error() {
+        let e = Mapping::new(0, MappingFlags::default()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+}
