@@ -1,34 +1,30 @@
-//! Helpers shared by the integration tests: a tiny deterministic PRNG and object contents.
+//! Helpers shared by the integration tests: a seeded generator and object contents.
 #![allow(dead_code)]
 
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng as _, RngCore, SeedableRng};
 use zmem_pool::{Handle, Pool};
 
-/// splitmix64: small, fast, good enough for test data.
-pub struct Rng(u64);
+/// A seeded generator (rand's StdRng) with the few draws the tests use.
+pub struct Rng(StdRng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x5851_f42d_4c95_7f2d)
+        Rng(StdRng::seed_from_u64(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in lo..=hi.
     pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+        self.0.random_range(lo..=hi)
     }
 
     pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.range(0, i);
-            v.swap(i, j);
-        }
+        v.shuffle(&mut self.0);
     }
 }
 
