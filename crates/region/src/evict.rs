@@ -36,6 +36,7 @@ impl Shared {
         b.saturating_sub((b / 32).clamp(STAGING_SLOTS, 4096))
     }
 
+    /// Between faults, a handler evicts down to the low-water mark a few pages at a time, so
     /// faults rarely find the budget exhausted and no other thread needs waking. It stops as
     /// soon as a message waits on any descriptor.
     pub(crate) fn evict_while_idle(self: &Arc<Self>, fds: &mut [libc::pollfd]) {

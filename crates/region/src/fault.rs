@@ -32,8 +32,6 @@ impl Shared {
         }
     }
 
-    /// Between faults, a handler evicts down to the low-water mark a few pages at a time, so
-
     pub(crate) fn serve_fault(
         self: &Arc<Self>,
         s: &Arc<Space>,

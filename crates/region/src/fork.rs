@@ -20,9 +20,6 @@ use crate::state::PageState::*;
 use crate::state::StateTable;
 use crate::uffd::{self, Msg, Uffd};
 
-/// Faults and events a handler can hold while a fork is in progress.
-pub(crate) const FORK_STASH: usize = 4096;
-
 /// Every live region, for the fork hooks.
 static REGISTRY: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
 static ATFORK: std::sync::Once = std::sync::Once::new();

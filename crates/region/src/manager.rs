@@ -26,13 +26,15 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::backing::{BackingStore, StoreFactory};
 use crate::config::PAGE;
-use crate::fork::FORK_STASH;
 use crate::policy::Tracker;
 use crate::state::{PageState, StateTable};
 use crate::uffd::{self, Msg, Uffd};
 
 /// Pages moved out per eviction batch (also the staging area's size).
 pub(crate) const STAGING_SLOTS: usize = 64;
+
+/// Faults and events a handler can hold while a fork is in progress (see `Shared::fork_mode`).
+const FORK_STASH: usize = 4096;
 
 /// An address space with region pages in it: the creator's, or a forked child's.
 pub(crate) struct Space {
@@ -219,9 +221,10 @@ pub(crate) struct Shared {
     pub forking: AtomicBool,
     /// The store refused a page since the last one it took (warned once per episode).
     pub store_full: AtomicBool,
-    /// When it last refused one ([`crate::evict::now_ms`]): eviction pauses for [`crate::evict::FULL_BACKOFF_MS`] after.
+    /// When it last refused one (`evict::now_ms`): eviction pauses for
+    /// `evict::FULL_BACKOFF_MS` after.
     pub store_full_ms: AtomicU64,
-    /// Consecutive faults the kernel refused memory for (ENOMEM); see [`crate::fault::OOM_STREAK`].
+    /// Consecutive faults the kernel refused memory for (ENOMEM); see `fault::OOM_STREAK`.
     pub enomem_streak: AtomicU64,
     /// Threads of this region parked for a fork; `workers` is how many there are.
     pub parked: AtomicUsize,

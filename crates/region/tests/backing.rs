@@ -61,13 +61,7 @@ fn a_region_round_trips_through_a_test_store() {
     let Some(r) = skip_without_uffd(Region::with_store(cfg, factory)) else {
         return;
     };
-    let pages = r.len() / PAGE;
-    for i in 0..pages {
-        fill(page_mut(&r, i), i, 1);
-    }
-    for i in (0..pages).rev() {
-        check(page_mut(&r, i), i, 1);
-    }
+    fill_and_check_all(&r, 1);
     let s = r.stats();
     assert!(s.evictions > 0 && s.major_faults > 0, "{s:?}");
     assert!(writes.load(Relaxed) >= s.evictions);

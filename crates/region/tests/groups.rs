@@ -195,11 +195,7 @@ fn fork_sees_grouped_pages() {
     for i in (0..pages).step_by(3) {
         fill(page_mut(&r, i), i, 6);
     }
-    let mut status = 0;
-    // SAFETY: waiting for our child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
-    assert_eq!(libc::WEXITSTATUS(status), 0, "child saw wrong data");
+    wait_for_child(pid);
     for i in 0..pages {
         check(page_mut(&r, i), i, if i % 3 == 0 { 6 } else { 5 });
     }

@@ -18,12 +18,7 @@ fn round_trip_across_evictions() {
         return;
     };
     let pages = r.len() / PAGE;
-    for i in 0..pages {
-        fill(page_mut(&r, i), i, 1);
-    }
-    for i in (0..pages).rev() {
-        check(page_mut(&r, i), i, 1);
-    }
+    fill_and_check_all(&r, 1);
     let s = r.stats();
     assert!(s.evictions as usize >= pages - 1024, "{s:?}");
     assert!(s.major_faults > 0);
@@ -315,15 +310,7 @@ fn fork_sees_evicted_pages_and_writes_stay_private() {
     for i in (0..pages).step_by(2) {
         fill(page_mut(&r, i), i, 8);
     }
-    let mut status = 0;
-    // SAFETY: waiting for our child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
-    assert_eq!(
-        libc::WEXITSTATUS(status),
-        0,
-        "child saw wrong data (code = failing check)"
-    );
+    wait_for_child(pid);
     for i in 0..pages {
         check(page_mut(&r, i), i, if i % 2 == 0 { 8 } else { 7 });
     }

@@ -69,3 +69,24 @@ pub fn page_mut(r: &Region, idx: usize) -> &mut [u8] {
     // SAFETY: within the region, which lives as long as `r`; tests give each page one writer.
     unsafe { std::slice::from_raw_parts_mut(r.as_ptr().add(idx * PAGE), PAGE) }
 }
+
+/// Writes every page of the region at `version`, then reads them all back in reverse order
+/// (which faults the evicted ones in).
+pub fn fill_and_check_all(r: &Region, version: u64) {
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(r, i), i, version);
+    }
+    for i in (0..pages).rev() {
+        check(page_mut(r, i), i, version);
+    }
+}
+
+/// Waits for forked child `pid` and asserts that it exited with status 0.
+pub fn wait_for_child(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "child saw wrong data");
+}
