@@ -20,7 +20,8 @@ use std::ffi::{c_char, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ::zmem_region::{
-    AdaptiveConfig, Budget, Eviction, Region, RegionConfig, RegionError, MIN_BUDGET_PAGES, PAGE,
+    AdaptiveConfig, Budget, Eviction, Region, RegionConfig, RegionError, RegionStats,
+    MIN_BUDGET_PAGES, PAGE,
 };
 use zmem_engine::Policy;
 
@@ -316,9 +317,10 @@ fn default_options() -> zmem_options {
     }
 }
 
-/// Checks C options and turns them into a region configuration. The checks here are the ones
-/// a C caller most likely gets wrong; the region checks the rest itself (its `Config` errors
-/// also come back as `ZMEM_INVALID_ARGUMENT`).
+/// Checks C options and turns them into a region configuration. The checks here are those of
+/// the C options themselves (which budget a 0 means, a budget larger than the region); the
+/// configuration is then checked by [`RegionConfig::validate`], the one check of a region's
+/// settings, whose `Config` errors come back as `ZMEM_INVALID_ARGUMENT`.
 fn config_from(o: &zmem_options) -> Result<RegionConfig, Failure> {
     let size = o.size;
     if size == 0 {
@@ -366,19 +368,12 @@ fn config_from(o: &zmem_options) -> Result<RegionConfig, Failure> {
         }
         Budget::Fixed(resident)
     };
-    if o.fault_around == 0 {
-        return Err(Failure::invalid(
-            "fault_around is 0 (1 turns fault-around off)",
-        ));
-    }
-    if o.handler_threads == 0 {
-        return Err(Failure::invalid("handler_threads is 0 (at least 1)"));
-    }
     let mut cfg = RegionConfig::new(size, budget);
     cfg.policy = policy_from(o.policy)?;
     cfg.eviction = eviction_from(o.eviction)?;
     cfg.fault_around = o.fault_around as usize;
     cfg.handler_threads = o.handler_threads as usize;
+    cfg.validate()?;
     Ok(cfg)
 }
 
@@ -392,40 +387,39 @@ fn adaptive_config(min: u64, max: u64) -> AdaptiveConfig {
     AdaptiveConfig::new(min, max)
 }
 
-fn stats_from(region: &Region) -> zmem_stats {
-    let s = region.stats();
-    let ratio = |num: u64, den: u64| {
-        if den == 0 {
+impl From<&RegionStats> for zmem_stats {
+    fn from(s: &RegionStats) -> zmem_stats {
+        let compression_ratio = if s.store.mem_used_total == 0 {
             0.0
         } else {
-            num as f64 / den as f64
+            s.store.orig_data_size as f64 / s.store.mem_used_total as f64
+        };
+        zmem_stats {
+            size: s.size,
+            budget: s.budget,
+            resident: s.resident,
+            staged: s.staged,
+            faults: s.faults(),
+            major_faults: s.major_faults,
+            zero_faults: s.zero_faults,
+            staged_faults: s.staged_faults,
+            fault_around_pages: s.fault_around_pages,
+            evictions: s.evictions,
+            direct_evictions: s.direct_evictions,
+            fault_latency_count: s.fault_latency.count,
+            fault_latency_p50_ns: s.fault_latency.p50,
+            fault_latency_p99_ns: s.fault_latency.p99,
+            fault_latency_p999_ns: s.fault_latency.p999,
+            fault_latency_max_ns: s.fault_latency.max,
+            orig_data_size: s.store.orig_data_size,
+            compr_data_size: s.store.compr_data_size,
+            mem_used_total: s.store.mem_used_total,
+            same_pages: s.store.same_pages,
+            huge_pages: s.store.huge_pages,
+            pending_pages: s.store.pending_pages,
+            effective_ratio: s.effective_ratio(),
+            compression_ratio,
         }
-    };
-    zmem_stats {
-        size: s.size,
-        budget: s.budget,
-        resident: s.resident,
-        staged: s.staged,
-        faults: s.faults(),
-        major_faults: s.major_faults,
-        zero_faults: s.zero_faults,
-        staged_faults: s.staged_faults,
-        fault_around_pages: s.fault_around_pages,
-        evictions: s.evictions,
-        direct_evictions: s.direct_evictions,
-        fault_latency_count: s.fault_latency.count,
-        fault_latency_p50_ns: s.fault_latency.p50,
-        fault_latency_p99_ns: s.fault_latency.p99,
-        fault_latency_p999_ns: s.fault_latency.p999,
-        fault_latency_max_ns: s.fault_latency.max,
-        orig_data_size: s.store.orig_data_size,
-        compr_data_size: s.store.compr_data_size,
-        mem_used_total: s.store.mem_used_total,
-        same_pages: s.store.same_pages,
-        huge_pages: s.store.huge_pages,
-        pending_pages: s.store.pending_pages,
-        effective_ratio: s.effective_ratio(),
-        compression_ratio: ratio(s.store.orig_data_size, s.store.mem_used_total),
     }
 }
 
@@ -560,7 +554,7 @@ pub unsafe extern "C" fn zmem_region_stats(
         if out.is_null() {
             return Err(Failure::invalid("out is NULL"));
         }
-        let stats = stats_from(r);
+        let stats = zmem_stats::from(&r.stats());
         // SAFETY: out is not NULL and the caller guarantees it is writable for one zmem_stats.
         unsafe { out.write(stats) };
         Ok(())
@@ -830,7 +824,7 @@ mod tests {
         o.adaptive_min = 0;
         assert_eq!(
             config_from(&o).unwrap().budget,
-            Budget::Adaptive(adaptive_config(16 * 4096, 64 << 20))
+            Budget::Adaptive(adaptive_config(min_budget(), 64 << 20))
         );
         assert_eq!(cfg.policy, Policy::Auto);
         assert_eq!(cfg.eviction, Eviction::Fifo);
@@ -871,8 +865,10 @@ mod tests {
             ("policy 4", |o| o.policy = 4),
             ("policy -1", |o| o.policy = -1),
             ("eviction 2", |o| o.eviction = 2),
-            ("fault_around is 0", |o| o.fault_around = 0),
-            ("handler_threads is 0", |o| o.handler_threads = 0),
+            ("fault_around 0 must be 1..=64", |o| o.fault_around = 0),
+            ("handler_threads 0 must be 1..=16", |o| {
+                o.handler_threads = 0
+            }),
         ];
         for (want, change) in cases {
             let mut o = base;

@@ -181,10 +181,10 @@ pub fn run(corpus: &Corpus, resident: u64, data: u64, policy: &str) -> anyhow::R
     println!(
         "redis's heap holds {} of data in {} of DRAM ({} resident + {} compressed): {:.2}x",
         human(s.data()),
-        human(s.resident + s.mem_used_total),
-        human(s.resident),
-        human(s.mem_used_total),
-        s.data() as f64 / (s.resident + s.mem_used_total).max(1) as f64
+        human(s.resident() + s.mem_used_total()),
+        human(s.resident()),
+        human(s.mem_used_total()),
+        s.data() as f64 / (s.resident() + s.mem_used_total()).max(1) as f64
     );
     drop(guard);
     Ok(())

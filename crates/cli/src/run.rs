@@ -418,7 +418,7 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
         if Instant::now() >= next_poll {
             if let Ok(s) = query(&socket_dir, pid) {
                 peak_data = peak_data.max(s.data());
-                peak_dram = peak_dram.max(s.resident + s.mem_used_total);
+                peak_dram = peak_dram.max(s.resident() + s.mem_used_total());
                 last_live = Some(s);
             }
             next_poll = Instant::now() + Duration::from_millis(500);
@@ -445,7 +445,7 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
     };
     if let Some(s) = &zmem {
         peak_data = peak_data.max(s.data());
-        peak_dram = peak_dram.max(s.resident + s.mem_used_total);
+        peak_dram = peak_dram.max(s.resident() + s.mem_used_total());
     }
     let mut others: Vec<ProcessStats> = std::fs::read_dir(report_dir.path())
         .map(|d| {
@@ -511,15 +511,15 @@ pub fn table(rows: &[&ProcessStats]) -> String {
             "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>7.2}s\n",
             s.pid,
             s.program.chars().take(16).collect::<String>(),
-            human(s.heap_size),
-            human(s.budget),
+            human(s.heap_size()),
+            human(s.budget()),
             human(s.data()),
-            human(s.compr_data_size),
-            human(s.mem_used_total),
+            human(s.compr_data_size()),
+            human(s.mem_used_total()),
             format!("{:.2}", s.ratio()),
-            human(s.resident),
-            s.major_faults + s.zero_faults,
-            s.evictions,
+            human(s.resident()),
+            s.major_faults() + s.zero_faults(),
+            s.evictions(),
             s.codec_cpu_ns as f64 / 1e9,
         );
     }
@@ -568,10 +568,10 @@ fn summary(name: &str, pid: u32, r: &RunReport) -> String {
                     r.source
                 );
             }
-            if s.store_refused > 0 {
+            if s.store_refused() > 0 {
                 out += &format!(
                     "zmem: the compressed store was full {} times; those pages stayed in DRAM\n",
-                    s.store_refused
+                    s.store_refused()
                 );
             }
         }

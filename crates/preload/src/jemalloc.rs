@@ -108,7 +108,10 @@ enum Value {
 /// Bytes of the heap the program touched (in DRAM or compressed) and DRAM they take.
 fn heap_bytes() -> (usize, usize) {
     let s = runtime::stats();
-    (s.data() as usize, (s.resident + s.mem_used_total) as usize)
+    (
+        s.data() as usize,
+        (s.resident() + s.mem_used_total()) as usize,
+    )
 }
 
 fn lookup(name: &str) -> Option<Value> {
@@ -218,16 +221,16 @@ pub unsafe extern "C" fn malloc_stats_print(
             // SAFETY: plain query.
             unsafe { mi::mi_version() },
             s.policy,
-            s.heap_size,
-            s.budget,
-            s.resident,
-            s.orig_data_size,
-            s.compr_data_size,
-            s.mem_used_total,
+            s.heap_size(),
+            s.budget(),
+            s.resident(),
+            s.orig_data_size(),
+            s.compr_data_size(),
+            s.mem_used_total(),
             s.ratio(),
-            s.major_faults,
-            s.zero_faults,
-            s.evictions
+            s.major_faults(),
+            s.zero_faults(),
+            s.evictions()
         )
     })
     .unwrap_or_default();

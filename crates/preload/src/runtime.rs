@@ -4,7 +4,6 @@
 //! when the process exits.
 
 use std::io::Write;
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering::*};
 use std::sync::OnceLock;
@@ -169,7 +168,7 @@ fn init() -> Result<(), InitError> {
     tracing::debug!(pins = ?heap::pins(), heap_start, heap_len, "program heap ready");
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() } as u32;
-    let socket = crate::server::start(config.socket_dir.as_deref(), pid);
+    let socket = crate::server::start(config.socket_dir.as_deref(), pid, served_stats);
     let rt = Runtime {
         region,
         config,
@@ -196,15 +195,6 @@ pub fn stats() -> ProcessStats {
             ..Default::default()
         };
     };
-    let s = rt.region.stats();
-    let codec_cpu_ns = s
-        .store
-        .engine
-        .per_codec
-        .iter()
-        .map(|c| c.nanos)
-        .sum::<u64>()
-        + s.store.decompress_nanos;
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: ru is a valid rusage to fill.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
@@ -214,28 +204,18 @@ pub fn stats() -> ProcessStats {
         program: program_name(),
         zmem_version: env!("CARGO_PKG_VERSION").into(),
         uptime_s: rt.started.elapsed().as_secs_f64(),
-        active: true,
         policy: rt.config.policy.name().into(),
         eviction: format!("{:?}", rt.config.eviction).to_lowercase(),
         adaptive: rt.config.resident.is_none(),
-        heap_size: s.size,
-        budget: s.budget,
-        resident: s.resident + s.staged,
-        orig_data_size: s.store.orig_data_size,
-        compr_data_size: s.store.compr_data_size,
-        mem_used_total: s.store.mem_used_total,
-        mem_limit: s.store.mem_limit,
-        same_pages: s.store.same_pages,
-        major_faults: s.major_faults,
-        zero_faults: s.zero_faults,
-        evictions: s.evictions,
-        store_refused: s.store_refused,
-        forks: s.forks,
-        fault_p50_ns: s.fault_latency.p50,
-        fault_p99_ns: s.fault_latency.p99,
-        codec_cpu_ns,
         process_cpu_ns: tv(ru.ru_utime) + tv(ru.ru_stime),
+        ..ProcessStats::of_region(rt.region.stats())
     }
+}
+
+/// The statistics the stats socket serves: this process's, or None in a forked child (it
+/// inherited the socket but has no thread to serve it).
+fn served_stats() -> Option<ProcessStats> {
+    in_creator().then(stats)
 }
 
 /// Whether this process is the one zmem started in (not a forked child).
@@ -274,16 +254,4 @@ fn write_report(dir: &std::path::Path, pid: u32) {
     if let Err(e) = ok {
         tracing::warn!("cannot write the exit report {}: {e}", path.display());
     }
-}
-
-/// Binds the stats socket (used by server.rs).
-pub fn bind(dir: &std::path::Path, pid: u32) -> Result<(UnixListener, PathBuf), String> {
-    use std::os::unix::fs::PermissionsExt;
-    zmem_runenv::private_dir(dir).map_err(|e| e.to_string())?;
-    let path = zmem_runenv::socket_path(dir, pid);
-    let _ = std::fs::remove_file(&path); // a stale socket of an earlier process with this pid
-    let l = UnixListener::bind(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((l, path))
 }

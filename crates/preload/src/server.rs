@@ -1,17 +1,21 @@
 //! The stats socket: `<socket dir>/<pid>.sock` in a directory only this user can enter, mode
 //! 0600, and a peer credential check on every connection. Each connection gets one JSON line
-//! (zmem_runenv::ProcessStats) and is closed.
+//! (zmem_runenv::ProcessStats) and is closed. The statistics come from the function the
+//! runtime passes in, so this module knows nothing of the runtime.
 
 use std::io::Write;
 use std::os::unix::io::AsRawFd;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
+use zmem_runenv::ProcessStats;
+
 /// Starts the server thread; returns the socket's path, or None (with a warning) when it cannot
-/// be served: statistics are a convenience, never a reason to stop the program.
-pub fn start(dir: Option<&Path>, pid: u32) -> Option<PathBuf> {
+/// be served: statistics are a convenience, never a reason to stop the program. `stats` gives
+/// the reply; None (a forked child that inherited the socket) stops the server.
+pub fn start(dir: Option<&Path>, pid: u32, stats: fn() -> Option<ProcessStats>) -> Option<PathBuf> {
     let dir = zmem_runenv::socket_dir(dir);
-    let (listener, path) = match crate::runtime::bind(&dir, pid) {
+    let (listener, path) = match bind(&dir, pid) {
         Ok(x) => x,
         Err(e) => {
             tracing::warn!("no live statistics (zmem stat): {e}");
@@ -24,11 +28,10 @@ pub fn start(dir: Option<&Path>, pid: u32) -> Option<PathBuf> {
             if !same_user(&conn) {
                 continue;
             }
-            if !crate::runtime::in_creator() {
-                // A forked child inherited the socket; it has no thread to serve it anyway.
+            let Some(stats) = stats() else {
                 return;
-            }
-            if let Ok(mut line) = serde_json::to_vec(&crate::runtime::stats()) {
+            };
+            if let Ok(mut line) = serde_json::to_vec(&stats) {
                 line.push(b'\n');
                 let _ = conn.write_all(&line);
             }
@@ -59,4 +62,16 @@ fn same_user(conn: &UnixStream) -> bool {
     };
     // SAFETY: getuid cannot fail.
     r == 0 && cred.uid == unsafe { libc::getuid() }
+}
+
+/// Binds the stats socket.
+fn bind(dir: &Path, pid: u32) -> Result<(UnixListener, PathBuf), String> {
+    use std::os::unix::fs::PermissionsExt;
+    zmem_runenv::private_dir(dir).map_err(|e| e.to_string())?;
+    let path = zmem_runenv::socket_path(dir, pid);
+    let _ = std::fs::remove_file(&path); // a stale socket of an earlier process with this pid
+    let l = UnixListener::bind(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((l, path))
 }

@@ -1,12 +1,25 @@
 //! Runs the adaptive budget's [`Controller`] from the evictor thread: every interval it reads
-//! PSI and MemAvailable and the region's own refault rate, and applies the budget it decides.
+//! PSI and MemAvailable and the region's own refault rate, and returns the budget it decides.
+//!
+//! It sees the region only through [`Signals`], read when a step is due: it depends on nothing
+//! of the machinery that runs it (the evictor applies the budget it returns).
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use crate::budget::{read_machine, AdaptiveConfig, BudgetSample, Controller, Decision};
-use crate::manager::Shared;
-use crate::PAGE;
+use crate::config::{MIN_BUDGET_PAGES, PAGE};
+
+/// What a control step reads of the region.
+pub(crate) struct Signals {
+    /// Faults that brought back an evicted page (from the store or staging), since creation.
+    pub refaults: u64,
+    /// Every fault served, since creation.
+    pub faults: u64,
+    /// Bytes resident now.
+    pub resident: u64,
+    /// The budget in force, in pages.
+    pub budget_pages: usize,
+}
 
 /// The adaptive budget's decisions: (seconds since the region was created, decision).
 pub(crate) type History = std::sync::Arc<parking_lot::Mutex<Vec<(f64, Decision)>>>;
@@ -40,16 +53,12 @@ impl BudgetLoop {
         self.interval
     }
 
-    /// The budget to start with, before the first step.
-    pub fn initial(&self) -> u64 {
-        self.controller.budget()
-    }
-
-    /// One control step if an interval has passed (or `force`).
-    pub fn tick(&mut self, shared: &Shared, force: bool) {
+    /// One control step if an interval has passed (or `force`): the new budget in pages, or
+    /// None when no step was due or the machine could not be read (the budget holds).
+    pub fn tick(&mut self, signals: impl FnOnce() -> Signals, force: bool) -> Option<usize> {
         let dt = self.last.elapsed();
         if dt < self.interval && !force {
-            return;
+            return None;
         }
         self.last = Instant::now();
         let (avg10, total, avail) = match read_machine() {
@@ -59,12 +68,11 @@ impl BudgetLoop {
                     self.warned = true;
                     tracing::warn!("adaptive budget cannot read the machine ({e}); holding");
                 }
-                return;
+                return None;
             }
         };
-        let c = &shared.counters;
-        let major = c.major_faults.load(Relaxed) + c.staged_faults.load(Relaxed);
-        let faults = major + c.zero_faults.load(Relaxed);
+        let signals = signals();
+        let (major, faults) = (signals.refaults, signals.faults);
         let secs = dt.as_secs_f64().max(1e-3);
         let sample = BudgetSample {
             psi_some_avg10: avg10,
@@ -72,18 +80,18 @@ impl BudgetLoop {
             mem_available: avail,
             refaults_per_sec: (major - self.last_major) as f64 / secs,
             faults_per_sec: (faults - self.last_faults) as f64 / secs,
-            resident: (shared.root.inner.lock().resident * PAGE) as u64,
+            resident: signals.resident,
         };
         self.last_major = major;
         self.last_faults = faults;
         let d = self.controller.step(&sample, dt);
-        let pages = (d.budget as usize / PAGE).max(crate::MIN_BUDGET_PAGES);
-        if pages != shared.budget() {
+        let pages = (d.budget as usize / PAGE).max(MIN_BUDGET_PAGES);
+        if pages != signals.budget_pages {
             tracing::debug!("adaptive budget: {d}");
         }
-        shared.budget_pages.store(pages, Relaxed);
         self.history
             .lock()
             .push((self.start.elapsed().as_secs_f64(), d));
+        Some(pages)
     }
 }

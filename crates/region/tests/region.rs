@@ -9,50 +9,8 @@ use std::time::{Duration, Instant};
 use zmem_engine::Policy;
 use zmem_region::{Budget, Eviction, Region, RegionConfig, RegionError, PAGE};
 
-const MIB: u64 = 1 << 20;
-
-fn region(size: u64, budget: u64) -> Option<Region> {
-    region_with(RegionConfig::new(size, Budget::Fixed(budget)))
-}
-
-fn region_with(cfg: RegionConfig) -> Option<Region> {
-    match Region::new(cfg) {
-        Ok(r) => Some(r),
-        Err(e @ RegionError::Permission { .. }) => {
-            eprintln!("skipped: {e}");
-            None
-        }
-        Err(e) => panic!("creating a region: {e}"),
-    }
-}
-
-/// Fills page `idx` with compressible content that depends on (idx, version).
-fn fill(page: &mut [u8], idx: usize, version: u64) {
-    let words = b"the quick brown fox jumps over the lazy dog while zmem compresses ";
-    for (i, b) in page.iter_mut().enumerate() {
-        *b = words[(i + idx * 7 + version as usize) % words.len()];
-    }
-    page[..8].copy_from_slice(&(idx as u64).to_le_bytes());
-    page[8..16].copy_from_slice(&version.to_le_bytes());
-}
-
-fn check(page: &[u8], idx: usize, version: u64) {
-    let mut want = vec![0u8; PAGE];
-    fill(&mut want, idx, version);
-    if page != &want[..] {
-        let got_idx = u64::from_le_bytes(page[..8].try_into().unwrap());
-        let got_ver = u64::from_le_bytes(page[8..16].try_into().unwrap());
-        panic!("page {idx} version {version}: found page {got_idx} version {got_ver}");
-    }
-}
-
-// The region is shared memory by design; each test gives every page one writer at a time.
-#[allow(clippy::mut_from_ref)]
-fn page_mut(r: &Region, idx: usize) -> &mut [u8] {
-    assert!((idx + 1) * PAGE <= r.len());
-    // SAFETY: within the region, which lives as long as `r`; tests give each page one writer.
-    unsafe { std::slice::from_raw_parts_mut(r.as_ptr().add(idx * PAGE), PAGE) }
-}
+mod support;
+use support::*;
 
 #[test]
 fn round_trip_across_evictions() {
@@ -60,12 +18,7 @@ fn round_trip_across_evictions() {
         return;
     };
     let pages = r.len() / PAGE;
-    for i in 0..pages {
-        fill(page_mut(&r, i), i, 1);
-    }
-    for i in (0..pages).rev() {
-        check(page_mut(&r, i), i, 1);
-    }
+    fill_and_check_all(&r, 1);
     let s = r.stats();
     assert!(s.evictions as usize >= pages - 1024, "{s:?}");
     assert!(s.major_faults > 0);
@@ -357,15 +310,7 @@ fn fork_sees_evicted_pages_and_writes_stay_private() {
     for i in (0..pages).step_by(2) {
         fill(page_mut(&r, i), i, 8);
     }
-    let mut status = 0;
-    // SAFETY: waiting for our child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
-    assert_eq!(
-        libc::WEXITSTATUS(status),
-        0,
-        "child saw wrong data (code = failing check)"
-    );
+    wait_for_child(pid);
     for i in 0..pages {
         check(page_mut(&r, i), i, if i % 2 == 0 { 8 } else { 7 });
     }
@@ -375,30 +320,18 @@ fn fork_sees_evicted_pages_and_writes_stay_private() {
 
 /// Runs in the forked child: no allocation (the parent's allocator locks may be held).
 fn child_check(r: &Region, pages: usize) -> i32 {
-    let words = b"the quick brown fox jumps over the lazy dog while zmem compresses ";
-    let verify = |i: usize, version: u64| -> bool {
-        let p = page_mut(r, i);
-        if p[..8] != (i as u64).to_le_bytes() || p[8..16] != version.to_le_bytes() {
-            return false;
-        }
-        (16..PAGE).all(|k| p[k] == words[(k + i * 7 + version as usize) % words.len()])
-    };
     for i in 0..pages {
-        if !verify(i, 7) {
+        if !matches(page_mut(r, i), i, 7) {
             return 10;
         }
     }
     // The child's own writes, then read everything again (its writes evict nothing: a child
     // is served from its snapshot).
     for i in (1..pages).step_by(2) {
-        let p = page_mut(r, i);
-        p[8..16].copy_from_slice(&9u64.to_le_bytes());
-        for k in 16..PAGE {
-            p[k] = words[(k + i * 7 + 9) % words.len()];
-        }
+        fill(page_mut(r, i), i, 9);
     }
     for i in 0..pages {
-        if !verify(i, if i % 2 == 1 { 9 } else { 7 }) {
+        if !matches(page_mut(r, i), i, if i % 2 == 1 { 9 } else { 7 }) {
             return 11;
         }
     }

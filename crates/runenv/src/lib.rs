@@ -14,7 +14,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use zmem_engine::Policy;
-use zmem_region::Eviction;
+use zmem_region::{Eviction, RegionStats};
 
 pub use size::{parse_size, SizeError};
 
@@ -223,8 +223,10 @@ impl RunConfig {
     }
 }
 
-/// A process's statistics: the reply of its stats socket and its exit report.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// A process's statistics: the reply of its stats socket and its exit report. The heap's
+/// region statistics are embedded as they are ([`RegionStats`], one schema); the accessors give
+/// the figures `zmem stat` shows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ProcessStats {
     pub pid: u32,
     /// The program (argv[0] as the kernel saw it, /proc/self/comm).
@@ -238,31 +240,8 @@ pub struct ProcessStats {
     pub policy: String,
     pub eviction: String,
     pub adaptive: bool,
-    /// Virtual size of the heap.
-    pub heap_size: u64,
-    /// Current resident budget.
-    pub budget: u64,
-    /// Heap bytes in DRAM now, uncompressed.
-    pub resident: u64,
-    /// Heap bytes held compressed (uncompressed size; zram's orig_data_size).
-    pub orig_data_size: u64,
-    /// Their compressed size (zram's compr_data_size).
-    pub compr_data_size: u64,
-    /// DRAM the compressed pages take, allocator overhead included (zram's mem_used_total).
-    pub mem_used_total: u64,
-    /// The store's memory limit (0 = none).
-    pub mem_limit: u64,
-    pub same_pages: u64,
-    /// Faults on compressed pages / on never-touched pages.
-    pub major_faults: u64,
-    pub zero_faults: u64,
-    pub evictions: u64,
-    /// Evictions the store refused because it was full (pages stayed in DRAM).
-    pub store_refused: u64,
-    pub forks: u64,
-    /// Fault latency percentiles (ns).
-    pub fault_p50_ns: u64,
-    pub fault_p99_ns: u64,
+    /// The heap's region.
+    pub region: RegionStats,
     /// CPU time spent compressing and decompressing (ns).
     pub codec_cpu_ns: u64,
     /// CPU time of the whole process so far (user + system, ns).
@@ -270,18 +249,109 @@ pub struct ProcessStats {
 }
 
 impl ProcessStats {
+    /// The statistics of an active process from its heap's region: the one conversion.
+    /// `codec_cpu_ns` is taken from the store's engine counters, which are not serialised.
+    pub fn of_region(region: RegionStats) -> ProcessStats {
+        let codec_cpu_ns = region
+            .store
+            .engine
+            .per_codec
+            .iter()
+            .map(|c| c.nanos)
+            .sum::<u64>()
+            + region.store.decompress_nanos;
+        ProcessStats {
+            active: true,
+            region,
+            codec_cpu_ns,
+            ..Default::default()
+        }
+    }
+
     /// Heap data per byte of DRAM it occupies.
     pub fn ratio(&self) -> f64 {
-        let dram = self.resident + self.mem_used_total;
+        let dram = self.resident() + self.mem_used_total();
         if dram == 0 {
             return 0.0;
         }
-        (self.resident + self.orig_data_size) as f64 / dram as f64
+        self.data() as f64 / dram as f64
     }
 
     /// Bytes of the heap the program touched: in DRAM or compressed.
     pub fn data(&self) -> u64 {
-        self.resident + self.orig_data_size
+        self.resident() + self.orig_data_size()
+    }
+
+    /// Virtual size of the heap.
+    pub fn heap_size(&self) -> u64 {
+        self.region.size
+    }
+
+    /// Current resident budget.
+    pub fn budget(&self) -> u64 {
+        self.region.budget
+    }
+
+    /// Heap bytes in DRAM now, uncompressed (mapped, or evicted and waiting for compression).
+    pub fn resident(&self) -> u64 {
+        self.region.resident + self.region.staged
+    }
+
+    /// Heap bytes held compressed (uncompressed size; zram's orig_data_size).
+    pub fn orig_data_size(&self) -> u64 {
+        self.region.store.orig_data_size
+    }
+
+    /// Their compressed size (zram's compr_data_size).
+    pub fn compr_data_size(&self) -> u64 {
+        self.region.store.compr_data_size
+    }
+
+    /// DRAM the compressed pages take, allocator overhead included (zram's mem_used_total).
+    pub fn mem_used_total(&self) -> u64 {
+        self.region.store.mem_used_total
+    }
+
+    /// The store's memory limit (0 = none).
+    pub fn mem_limit(&self) -> u64 {
+        self.region.store.mem_limit
+    }
+
+    pub fn same_pages(&self) -> u64 {
+        self.region.store.same_pages
+    }
+
+    /// Faults on compressed pages.
+    pub fn major_faults(&self) -> u64 {
+        self.region.major_faults
+    }
+
+    /// Faults on never-touched pages.
+    pub fn zero_faults(&self) -> u64 {
+        self.region.zero_faults
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.region.evictions
+    }
+
+    /// Evictions the store refused because it was full (pages stayed in DRAM).
+    pub fn store_refused(&self) -> u64 {
+        self.region.store_refused
+    }
+
+    pub fn forks(&self) -> u64 {
+        self.region.forks
+    }
+
+    /// Median fault latency (ns).
+    pub fn fault_p50_ns(&self) -> u64 {
+        self.region.fault_latency.p50
+    }
+
+    /// 99th percentile fault latency (ns).
+    pub fn fault_p99_ns(&self) -> u64 {
+        self.region.fault_latency.p99
     }
 }
 
@@ -479,12 +549,11 @@ mod tests {
 
     #[test]
     fn ratio_counts_dram_only() {
-        let s = ProcessStats {
-            resident: 100,
-            orig_data_size: 300,
-            mem_used_total: 100,
-            ..Default::default()
-        };
+        let mut s = ProcessStats::default();
+        s.region.resident = 60;
+        s.region.staged = 40;
+        s.region.store.orig_data_size = 300;
+        s.region.store.mem_used_total = 100;
         assert_eq!(s.data(), 400);
         assert!((s.ratio() - 2.0).abs() < 1e-9);
         assert_eq!(ProcessStats::default().ratio(), 0.0);

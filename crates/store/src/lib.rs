@@ -92,7 +92,7 @@ impl StoreConfig {
 }
 
 /// Statistics with the meaning of zram's mm_stat, plus zmem's own counters.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct StoreStats {
     /// Bytes of pages stored (all non-empty pages, same-filled and pending included).
     pub orig_data_size: u64,
@@ -119,7 +119,10 @@ pub struct StoreStats {
     pub recompressed_pages: u64,
     /// Pages moved out of sparse group blocks into new blocks ([`StoreCore::repack_groups`]).
     pub repacked_pages: u64,
+    /// Not serialised (the engine's and the pool's own types have no schema).
+    #[serde(skip)]
     pub engine: EngineStats,
+    #[serde(skip)]
     pub pool: PoolStats,
 }
 

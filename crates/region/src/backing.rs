@@ -1,0 +1,89 @@
+//! What a region needs of the store its evicted pages go to. [`zmem_store::PageStore`] (DRAM,
+//! compressed) is the one zmem uses; the trait lets a test store, or a tier on another medium,
+//! sit under a region instead. Calls go through `dyn BackingStore`: one indirect call per store
+//! operation, no allocation on the fault path.
+//!
+//! Indices are page numbers within the region. A page is written once per eviction and read at
+//! most once before it is discarded (the region discards it as soon as it is mapped again), so
+//! a store need not keep anything it was told to discard.
+
+use std::sync::Arc;
+
+use zmem_store::{PageStore, StoreCore, StoreError, StoreStats, MAX_BLOCK_PAGES};
+
+/// A store of evicted pages, shared by the threads of a region.
+pub trait BackingStore: Send + Sync {
+    /// Stores page `index` (one page of bytes). An error (e.g. a full store) leaves the page
+    /// with the region, which keeps it resident.
+    fn write(&self, index: u64, page: &[u8]) -> Result<(), StoreError>;
+
+    /// Stores pages evicted together (at most [`MAX_BLOCK_PAGES`], any indices), ideally as one
+    /// unit. On an error none of them is stored; the region retries them one by one.
+    fn write_group(&self, indices: &[u64], pages: &[&[u8]]) -> Result<(), StoreError> {
+        debug_assert!(indices.len() <= MAX_BLOCK_PAGES);
+        for (k, (&i, &p)) in indices.iter().zip(pages).enumerate() {
+            if let Err(e) = self.write(i, p) {
+                for &done in &indices[..k] {
+                    let _ = self.discard(done);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads page `index` into `buf` (one page).
+    fn read(&self, index: u64, buf: &mut [u8]) -> Result<(), StoreError>;
+
+    /// Reads consecutive stored pages from `start` into `buf` (whole pages). A store that keeps
+    /// pages in blocks decodes each block once here.
+    fn read_batch(&self, start: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let page = crate::config::PAGE;
+        for (k, chunk) in buf.chunks_mut(page).enumerate() {
+            self.read(start + k as u64, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets page `index` (mapped again, or dropped by the program).
+    fn discard(&self, index: u64) -> Result<(), StoreError>;
+
+    /// Moves the survivors of half-dead groups into new ones (see [`StoreCore::repack_groups`]):
+    /// how many pages it moved, at most `max_pages`. Stores without groups have nothing to do.
+    fn repack_groups(&self, _max_pages: usize) -> usize {
+        0
+    }
+
+    /// The store's statistics (zram mm_stat meanings).
+    fn stats(&self) -> StoreStats;
+}
+
+/// Makes an empty store like the region's own: the region's first store, then one per forked
+/// child (the snapshot of the pages evicted at fork time goes into it).
+pub type StoreFactory = Arc<dyn Fn() -> Result<Box<dyn BackingStore>, StoreError> + Send + Sync>;
+
+// PageStore's operations are StoreCore's (through Deref), named so that they do not resolve
+// to this trait's.
+impl BackingStore for PageStore {
+    fn write(&self, index: u64, page: &[u8]) -> Result<(), StoreError> {
+        StoreCore::write(self, index, page)
+    }
+    fn write_group(&self, indices: &[u64], pages: &[&[u8]]) -> Result<(), StoreError> {
+        StoreCore::write_group(self, indices, pages)
+    }
+    fn read(&self, index: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        StoreCore::read(self, index, buf)
+    }
+    fn read_batch(&self, start: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        StoreCore::read_batch(self, start, buf)
+    }
+    fn discard(&self, index: u64) -> Result<(), StoreError> {
+        StoreCore::discard(self, index)
+    }
+    fn repack_groups(&self, max_pages: usize) -> usize {
+        StoreCore::repack_groups(self, max_pages)
+    }
+    fn stats(&self) -> StoreStats {
+        StoreCore::stats(self)
+    }
+}

@@ -1,0 +1,178 @@
+//! A region's settings, and the one place they are checked ([`RegionConfig::validate`]): the
+//! library, the C API and the command line all refuse a configuration for the same reasons,
+//! with the same messages.
+
+use zmem_engine::Policy;
+use zmem_store::MAX_BLOCK_PAGES;
+
+use crate::budget::{AdaptiveConfig, Controller};
+use crate::error::RegionError;
+use crate::policy::Eviction;
+
+/// Size of a page of a region.
+pub const PAGE: usize = 4096;
+
+/// The smallest budget: below this a region would spend its time evicting.
+pub const MIN_BUDGET_PAGES: usize = 16;
+
+/// How much of the region may stay resident (uncompressed, mapped) in DRAM.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Budget {
+    /// At most this many bytes (rounded down to pages, at least 16 pages).
+    Fixed(u64),
+    /// Sized at run time from memory pressure and the region's own refault rate.
+    Adaptive(AdaptiveConfig),
+}
+
+/// Settings of a region.
+#[derive(Clone, Debug)]
+pub struct RegionConfig {
+    /// Bytes of address space (rounded up to pages).
+    pub size: u64,
+    pub budget: Budget,
+    /// Compression policy of the page store under the region.
+    pub policy: Policy,
+    /// Which pages leave DRAM first.
+    pub eviction: Eviction,
+    /// Pages mapped at once when faults run sequentially (1 = off).
+    pub fault_around: usize,
+    /// Threads reading the userfaultfd (each resolves the faults it reads).
+    pub handler_threads: usize,
+    /// Bytes of DRAM the compressed pages may use (zram's mem_limit); None = unlimited. When
+    /// the store is full, pages that cannot be evicted stay resident beyond the budget.
+    pub store_limit: Option<u64>,
+    /// Pages compressed together as one block when they are evicted, whatever their
+    /// addresses (1 = each page alone; at most [`zmem_store::MAX_BLOCK_PAGES`]). A block
+    /// compresses better (zstd-3: +17% at 8 pages, +20% at 16), but a fault on one of its pages
+    /// decodes the whole block, and its bytes stay until its last page is gone: the evictor
+    /// repacks the survivors of half-dead blocks, which costs CPU. Worth it only where evicted
+    /// pages mostly stay cold; with refaults it loses ratio and time (measurements at
+    /// [`default_evict_group`]). None = the policy's default ([`default_evict_group`], 1 for
+    /// all).
+    pub evict_group: Option<usize>,
+}
+
+/// The default of [`RegionConfig::evict_group`] for a policy: 1 (each page alone) for every
+/// policy, `max` included, because groups lose wherever evicted pages come back.
+///
+/// zstd-3 gains only 6% / 12% / 17% / 20% on 8 / 16 / 32 / 64 KiB blocks (2.50 / 2.62 / 2.74 /
+/// 2.82 against 2.34), while a block keeps all its bytes until its last page faults back in.
+/// With random refaults a block of G pages lives H(G) times as long as a page does (H(8) =
+/// 2.7). Repacking the survivors of half-dead blocks (`PageStore::repack_groups`) bounds that,
+/// at about twice the compression CPU. `zmem bench region --size 512M --resident 128M
+/// --accesses 500000 --policy max` (2 vCPUs, load < 1.5; effective ratio = data / DRAM incl.
+/// resident pages):
+///
+/// | pattern | group | µs/access | fault p50 / p99 µs | ratio | effective | CPU s/GiB |
+/// |---|---|---|---|---|---|---|
+/// | rand | 1 | 42.0–43.1 | 53 / 95–98 | 2.22 | 1.71 | 12.8–13.4 |
+/// | rand | 2 | 91.6 | 117 / 243 | 2.16 | 1.69 | 23.8 |
+/// | rand | 4 | 94.8 | 73 / 423 | 1.89 | 1.55 | 23.5 |
+/// | rand | 8 | 95.7–111.2 | 82–91 / 666–711 | 1.74 | 1.48 | 23.3–27.2 |
+/// | rand | 16 | 123.3–129.5 | 99–117 / 1208–1274 | 1.70 | 1.45 | 27.4–31.4 |
+/// | zipf 0.99 | 1 / 2 / 8 | 10.9 / 21.7 / 26.6 | 52 / 95, 109 / 233, 89 / 691 | 2.22 / 2.04 / 1.73 | 1.71 / 1.63 / 1.47 | 3.6 / 5.8 / 6.6 |
+/// | zipf 1.2 | 1 / 8 | 3.6 / 7.7 | 50 / 90, 91 / 539 | 2.24 / 2.00 | 1.72 / 1.61 | 1.2 / 1.9 |
+///
+/// Without the repack, group 8 fell to ratio 0.83 (rand) and 1.16 (zipf). Groups win only for
+/// data that stays cold: right after the fill (2000 accesses), group 8 / 16 gave ratio 2.57 /
+/// 2.68 against 2.27 (effective 1.86 / 1.90 against 1.73). Regions whose evicted data is
+/// mostly never touched again can ask for them (`RegionConfig::evict_group`).
+pub fn default_evict_group(policy: Policy) -> usize {
+    match policy {
+        Policy::Fast | Policy::Balanced | Policy::Auto | Policy::Max => 1,
+    }
+}
+
+/// A configuration that passed [`RegionConfig::validate`], in the units a region works in.
+pub(crate) struct Checked {
+    /// Bytes of address space (whole pages).
+    pub len: usize,
+    pub pages: usize,
+    pub budget_pages: usize,
+    pub evict_group: usize,
+}
+
+impl RegionConfig {
+    pub fn new(size: u64, budget: Budget) -> RegionConfig {
+        RegionConfig {
+            size,
+            budget,
+            policy: Policy::Fast,
+            eviction: Eviction::Clock,
+            fault_around: 16,
+            handler_threads: 1,
+            store_limit: None,
+            evict_group: None,
+        }
+    }
+
+    /// Checks the configuration as [`crate::Region::new`] does, without creating anything:
+    /// every [`RegionError::Config`] a region can refuse a configuration with comes from here.
+    pub fn validate(&self) -> Result<(), RegionError> {
+        self.check().map(|_| ())
+    }
+
+    /// The evict group in force: the setting, or the policy's default.
+    pub fn evict_group(&self) -> usize {
+        self.evict_group
+            .unwrap_or_else(|| default_evict_group(self.policy))
+    }
+
+    pub(crate) fn check(&self) -> Result<Checked, RegionError> {
+        let len = usize::try_from(self.size)
+            .ok()
+            .and_then(|s| s.checked_next_multiple_of(PAGE))
+            .filter(|&l| l > 0 && l / PAGE < u32::MAX as usize)
+            .ok_or_else(|| {
+                RegionError::Config(format!(
+                    "size {} must be between 1 byte and {} bytes",
+                    self.size,
+                    (u32::MAX as u64 - 1) * PAGE as u64
+                ))
+            })?;
+        if !(1..=64).contains(&self.fault_around) {
+            return Err(RegionError::Config(format!(
+                "fault_around {} must be 1..=64 pages",
+                self.fault_around
+            )));
+        }
+        if !(1..=16).contains(&self.handler_threads) {
+            return Err(RegionError::Config(format!(
+                "handler_threads {} must be 1..=16",
+                self.handler_threads
+            )));
+        }
+        let evict_group = self.evict_group();
+        if !(1..=MAX_BLOCK_PAGES).contains(&evict_group) {
+            return Err(RegionError::Config(format!(
+                "evict_group {evict_group} must be 1..={MAX_BLOCK_PAGES} pages"
+            )));
+        }
+        let budget_bytes = match &self.budget {
+            Budget::Fixed(b) => *b,
+            Budget::Adaptive(a) => {
+                a.validate().map_err(RegionError::Config)?;
+                Controller::new(a.clone()).budget()
+            }
+        };
+        let budget_pages = budget_pages(budget_bytes)?;
+        Ok(Checked {
+            len,
+            pages: len / PAGE,
+            budget_pages,
+            evict_group,
+        })
+    }
+}
+
+/// A budget in whole pages, or the error for one below [`MIN_BUDGET_PAGES`].
+pub(crate) fn budget_pages(bytes: u64) -> Result<usize, RegionError> {
+    let pages = (bytes / PAGE as u64) as usize;
+    if pages < MIN_BUDGET_PAGES {
+        return Err(RegionError::Config(format!(
+            "budget {bytes} bytes is below the minimum of {MIN_BUDGET_PAGES} pages ({} bytes)",
+            MIN_BUDGET_PAGES * PAGE
+        )));
+    }
+    Ok(pages)
+}

@@ -1,0 +1,410 @@
+//! Eviction: the coldest resident pages (the policy's choice) are moved out with UFFDIO_MOVE
+//! into a staging area, compressed into the store (alone or in groups that make one block),
+//! and settled; a page the store refuses is put back. The evictor thread runs the adaptive
+//! budget and evicts when the handlers are quiet; handlers evict between faults, and a fault
+//! that finds the budget exhausted evicts itself (`make_room`).
+
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zmem_store::MAX_BLOCK_PAGES;
+
+use crate::budget_loop::{BudgetLoop, Signals};
+use crate::config::PAGE;
+use crate::manager::{errno, Shared, STAGING_SLOTS};
+use crate::state::PageState::*;
+
+/// After the store refuses a page (its memory limit), eviction pauses this long: moving pages
+/// out only to put them back costs CPU and, under a memory cgroup, memory it may not have.
+pub(crate) const FULL_BACKOFF_MS: u64 = 50;
+/// Monotonic milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: t is a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
+impl Shared {
+    /// Headroom the evictor keeps below the budget so faults rarely evict themselves.
+    fn low_water(&self) -> usize {
+        let b = self.budget();
+        b.saturating_sub((b / 32).clamp(STAGING_SLOTS, 4096))
+    }
+
+    /// Between faults, a handler evicts down to the low-water mark a few pages at a time, so
+    /// faults rarely find the budget exhausted and no other thread needs waking. It stops as
+    /// soon as a message waits on any descriptor.
+    pub(crate) fn evict_while_idle(self: &Arc<Self>, fds: &mut [libc::pollfd]) {
+        for _ in 0..16 {
+            let resident = self.root.inner.lock().resident;
+            let low = self.low_water();
+            if resident <= low {
+                return;
+            }
+            if self.evict((resident - low).min(4)) == 0 {
+                return;
+            }
+            self.repack();
+            for f in fds.iter_mut() {
+                f.revents = 0;
+            }
+            // SAFETY: a valid pollfd array; timeout 0 never blocks.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 0) };
+            if ready != 0 {
+                return;
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- eviction
+
+    /// Evicts up to `want` pages (one staging batch at most); returns how many left.
+    pub fn evict(&self, want: usize) -> usize {
+        if self.store_full.load(Relaxed)
+            && now_ms().saturating_sub(self.store_full_ms.load(Relaxed)) < FULL_BACKOFF_MS
+        {
+            return 0;
+        }
+        let s = &self.root;
+        let _g = self.evict_lock.lock();
+        let mut victims = Vec::with_capacity(STAGING_SLOTS);
+        {
+            let mut inner = s.inner.lock();
+            // With blocks of evicted pages, evict at least a block's worth (a few pages below
+            // the budget), so that blocks are full even when callers want one page at a time.
+            let n = want.min(STAGING_SLOTS).min(inner.resident);
+            if n == 0 {
+                return 0;
+            }
+            let group = self.evict_group.min(inner.resident / 4);
+            let n = n.max(group).min(STAGING_SLOTS);
+            if let Some(t) = inner.tracker.as_mut() {
+                t.pick(n, &mut victims);
+            }
+            if victims.len() < n {
+                inner.drain_nursery();
+                let more = n - victims.len();
+                if let Some(t) = inner.tracker.as_mut() {
+                    t.pick(more, &mut victims);
+                }
+            }
+            for &v in &victims {
+                debug_assert_eq!(inner.state.get(v as usize), Resident);
+                inner.state.set(v as usize, Staged);
+            }
+            for (slot, &v) in victims.iter().enumerate() {
+                inner.staged.insert(v, self.staging + slot * PAGE);
+            }
+            inner.resident -= victims.len();
+        }
+        self.counters.staged_now.store(victims.len(), Relaxed);
+        // Move each victim out. A page still shared with a forked child (EBUSY) is unshared by
+        // a locked no-op write, which makes the kernel copy it for us, then moved.
+        let mut outcome = [false; STAGING_SLOTS];
+        let mut aborted = false;
+        for (slot, &v) in victims.iter().enumerate() {
+            if aborted {
+                break;
+            }
+            let src = s.page_addr(v as usize);
+            let dst = self.staging + slot * PAGE;
+            let mut r = s.uffd.move_pages(dst, src, PAGE);
+            if matches!(&r, Err(e) if errno(e) == libc::EBUSY) {
+                unshare(src);
+                self.counters.unshared.fetch_add(1, Relaxed);
+                r = s.uffd.move_pages(dst, src, PAGE);
+            }
+            match r {
+                Ok(()) => outcome[slot] = true,
+                Err(e) if errno(&e) == libc::ENOENT => {
+                    // Nothing mapped: the program dropped it and the event is on its way.
+                    let mut inner = s.inner.lock();
+                    if inner.state.get(v as usize) == Staged {
+                        inner.state.set(v as usize, Absent);
+                        inner.staged.remove(&v);
+                    }
+                }
+                Err(e) => {
+                    if errno(&e) == libc::EAGAIN {
+                        aborted = true; // an event is pending (fork, remove): let it through
+                    } else {
+                        tracing::warn!("UFFDIO_MOVE of page {v}: {e}; keeping it resident");
+                    }
+                    let mut inner = s.inner.lock();
+                    if inner.state.get(v as usize) == Staged {
+                        inner.state.set(v as usize, Resident);
+                        inner.staged.remove(&v);
+                        inner.resident += 1;
+                        if let Some(t) = inner.tracker.as_mut() {
+                            t.insert_quiet(v);
+                        }
+                    }
+                }
+            }
+        }
+        if aborted {
+            // Victims after the abort point were never moved: give them back.
+            let mut inner = s.inner.lock();
+            for (slot, &v) in victims.iter().enumerate() {
+                if !outcome[slot] && inner.state.get(v as usize) == Staged {
+                    inner.state.set(v as usize, Resident);
+                    inner.staged.remove(&v);
+                    inner.resident += 1;
+                    if let Some(t) = inner.tracker.as_mut() {
+                        t.insert_quiet(v);
+                    }
+                }
+            }
+        }
+        // Compress the moved pages into the store, then settle their states. Compressed here,
+        // on this thread: on two cores a hand-off to the engine's workers costs more in
+        // wake-ups and context switches than it saves.
+        let mut queued = [false; STAGING_SLOTS];
+        let page_at = |slot: usize| -> &[u8] {
+            // SAFETY: the slot holds the page we moved there; nothing else writes it until the
+            // staging area is recycled at the end of this batch.
+            unsafe { std::slice::from_raw_parts((self.staging + slot * PAGE) as *const u8, PAGE) }
+        };
+        if self.evict_group > 1 {
+            // Groups of `evict_group` moved pages, in victim order, each one block whatever the
+            // pages' addresses (fixed arrays: no allocation per batch).
+            let mut group_slots = [0usize; MAX_BLOCK_PAGES];
+            let mut k = 0;
+            for slot in (0..victims.len()).filter(|&slot| outcome[slot]) {
+                group_slots[k] = slot;
+                k += 1;
+                if k == self.evict_group {
+                    self.store_group(&group_slots[..k], &victims, &page_at, &mut queued);
+                    k = 0;
+                }
+            }
+            if k > 0 {
+                self.store_group(&group_slots[..k], &victims, &page_at, &mut queued);
+            }
+        } else {
+            for (slot, &v) in victims.iter().enumerate() {
+                if outcome[slot] {
+                    queued[slot] = self.store_page(v, page_at(slot));
+                }
+            }
+        }
+        let mut evicted = 0;
+        {
+            let mut inner = s.inner.lock();
+            for (slot, &v) in victims.iter().enumerate() {
+                if !outcome[slot] {
+                    continue;
+                }
+                let i = v as usize;
+                if inner.state.get(i) == Staged && queued[slot] {
+                    inner.state.set(i, Stored);
+                    inner.staged.remove(&v);
+                    evicted += 1;
+                } else if inner.state.get(i) == Staged {
+                    // Could not be stored: put the page back where it was.
+                    let r = s.uffd.copy(
+                        s.page_addr(i),
+                        (self.staging + slot * PAGE) as *const u8,
+                        PAGE,
+                    );
+                    inner.staged.remove(&v);
+                    if r.is_ok() {
+                        inner.state.set(i, Resident);
+                        inner.resident += 1;
+                        if let Some(t) = inner.tracker.as_mut() {
+                            t.insert_quiet(v);
+                        }
+                    } else {
+                        tracing::error!("page {i} could neither be stored nor put back");
+                        inner.state.set(i, Poisoned);
+                    }
+                } else if queued[slot] {
+                    // Faulted back from staging, or dropped by the program, meanwhile.
+                    let _ = s.store.discard(v as u64);
+                }
+            }
+        }
+        self.counters.staged_now.store(0, Relaxed);
+        self.recycle_staging();
+        self.counters.evictions.fetch_add(evicted as u64, Relaxed);
+        evicted
+    }
+
+    /// Stores one evicted page; false if the store refused it (it is then put back).
+    fn store_page(&self, v: u32, page: &[u8]) -> bool {
+        match self.root.store.write(v as u64, page) {
+            Ok(()) => {
+                if self.store_full.load(Relaxed) {
+                    self.store_full.store(false, Relaxed);
+                }
+                true
+            }
+            Err(e) => {
+                // A full store (its memory limit) is expected under pressure: say it once per
+                // episode, not once per page.
+                self.store_full_ms.store(now_ms(), Relaxed);
+                if !self.store_full.swap(true, Relaxed) {
+                    tracing::warn!("cannot store evicted pages, they stay resident: {e}");
+                }
+                self.counters.store_refused.fetch_add(1, Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Stores the evicted pages in staging `slots` as one group (one block); if the store
+    /// refuses the group, page by page, so that each page that still fails is put back alone.
+    fn store_group<'a>(
+        &self,
+        slots: &[usize],
+        victims: &[u32],
+        page_at: &dyn Fn(usize) -> &'a [u8],
+        queued: &mut [bool; STAGING_SLOTS],
+    ) {
+        let mut indices = [0u64; MAX_BLOCK_PAGES];
+        let mut pages: [&[u8]; MAX_BLOCK_PAGES] = [&[]; MAX_BLOCK_PAGES];
+        for (k, &slot) in slots.iter().enumerate() {
+            indices[k] = u64::from(victims[slot]);
+            pages[k] = page_at(slot);
+        }
+        let n = slots.len();
+        if self
+            .root
+            .store
+            .write_group(&indices[..n], &pages[..n])
+            .is_ok()
+        {
+            for &slot in slots {
+                queued[slot] = true;
+            }
+            if self.store_full.load(Relaxed) {
+                self.store_full.store(false, Relaxed);
+            }
+            return;
+        }
+        for &slot in slots {
+            queued[slot] = self.store_page(victims[slot], page_at(slot));
+        }
+    }
+
+    /// Moves the survivors of blocks that lost half of their pages to faults into new blocks,
+    /// so that dead pages do not hold DRAM (a block is freed only with its last page). Called
+    /// after evictions, never on a fault's own path. About one page is repacked per fault, so
+    /// a call handles up to two blocks' worth.
+    fn repack(&self) {
+        if self.evict_group > 1 {
+            let store = &self.root.store;
+            if store.repack_groups(self.evict_group) == self.evict_group {
+                store.repack_groups(self.evict_group);
+            }
+        }
+    }
+
+    /// Frees the staging pages. Unregistered first, so the madvise sends no REMOVE event
+    /// (which would block until a handler read it: a handler may be the one evicting).
+    fn recycle_staging(&self) {
+        let len = STAGING_SLOTS * PAGE;
+        let u = &self.root.uffd;
+        if let Err(e) = u.unregister(self.staging, len) {
+            tracing::error!("staging unregister: {e}");
+        }
+        // SAFETY: the staging area is our own mapping; its pages were all handed on.
+        unsafe { libc::madvise(self.staging as *mut _, len, libc::MADV_DONTNEED) };
+        if let Err(e) = u.register_missing(self.staging, len) {
+            tracing::error!("staging register: {e}");
+        }
+    }
+
+    /// One step of the adaptive budget (if one is due, or `force`), applied.
+    pub fn adaptive_step(&self, a: &mut BudgetLoop, force: bool) {
+        let signals = || {
+            let c = &self.counters;
+            let refaults = c.major_faults.load(Relaxed) + c.staged_faults.load(Relaxed);
+            Signals {
+                refaults,
+                faults: refaults + c.zero_faults.load(Relaxed),
+                resident: (self.root.inner.lock().resident * PAGE) as u64,
+                budget_pages: self.budget(),
+            }
+        };
+        if let Some(pages) = a.tick(signals, force) {
+            self.budget_pages.store(pages, Relaxed);
+        }
+    }
+
+    pub fn evictor_loop(&self, adaptive: Option<BudgetLoop>) {
+        let mut adaptive = adaptive;
+        let mut last_reap = Instant::now();
+        while !self.stop.load(Relaxed) {
+            if self.forking.load(Acquire) {
+                self.parked.fetch_add(1, AcqRel);
+                while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                self.parked.fetch_sub(1, AcqRel);
+                continue;
+            }
+            if let Some(a) = adaptive.as_mut() {
+                self.adaptive_step(a, false);
+            }
+            let resident = self.root.inner.lock().resident;
+            // Under faults the handlers evict between faults themselves; this thread takes over
+            // when they are quiet (a lowered budget, an adaptive shrink) or fall behind.
+            let quiet = self.last_fault_at.lock().elapsed() > Duration::from_millis(20);
+            let low = if quiet {
+                self.low_water()
+            } else {
+                self.budget()
+            };
+            if resident > low {
+                if self.evict(resident - low) == 0 {
+                    let full = self.store_full.load(Relaxed);
+                    std::thread::sleep(Duration::from_millis(if full { 20 } else { 1 }));
+                }
+                self.repack();
+                continue;
+            }
+            {
+                let mut g = self.evictor_mutex.lock();
+                if !*g {
+                    self.evictor_wake
+                        .wait_for(&mut g, Duration::from_millis(50));
+                }
+                *g = false;
+            }
+            if last_reap.elapsed() >= Duration::from_secs(1) {
+                last_reap = Instant::now();
+                self.reap_children();
+            }
+        }
+    }
+}
+
+/// Forces the kernel to give this process its own copy of a page shared after fork: a locked
+/// read-modify-write that changes nothing. The page is present (we only evict resident pages),
+/// so this is a copy-on-write fault the kernel handles, never a userfault.
+fn unshare(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `addr` is a mapped, writable page of our region; `lock or` with 0 leaves its
+    // value unchanged and is atomic against concurrent writers.
+    unsafe {
+        std::arch::asm!("lock or qword ptr [{0}], 0", in(reg) addr, options(nostack));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: as above; a successful compare-exchange writes the value it read.
+        let a = unsafe { std::sync::atomic::AtomicU64::from_ptr(addr as *mut u64) };
+        let v = a.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = a.compare_exchange(
+            v,
+            v,
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}

@@ -1,0 +1,333 @@
+//! Resolving a fault: a page comes back from its staging slot, from the store (with
+//! fault-around for sequential faults, consecutive stored pages read at once so that a block is
+//! decoded once), or as zeros; the faulting thread is woken when its page is mapped. The fault
+//! path allocates nothing: its buffers belong to the handler thread.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use zmem_store::StoreError;
+
+use crate::config::PAGE;
+use crate::manager::{errno, Served, Shared, Space, STAGING_SLOTS};
+use crate::state::PageState::*;
+use crate::uffd;
+
+/// Faults in a row for which the kernel refused memory (UFFDIO_COPY/ZEROPAGE: ENOMEM, e.g. a
+/// memory cgroup at its limit) before the process is out of memory; each waits 2 ms after trying
+/// to evict. Then zmem kills the process, as the kernel's OOM killer would a swapless one.
+pub(crate) const OOM_STREAK: u64 = 500;
+
+impl Shared {
+    /// Makes room for `n` more resident pages in the root space (direct eviction).
+    fn make_room(self: &Arc<Self>, n: usize) {
+        let budget = self.budget();
+        let resident = self.root.inner.lock().resident;
+        if resident + n > budget {
+            let done = self.evict(resident + n - budget);
+            self.counters
+                .direct_evictions
+                .fetch_add(done as u64, Relaxed);
+        }
+    }
+
+    pub(crate) fn serve_fault(
+        self: &Arc<Self>,
+        s: &Arc<Space>,
+        addr: usize,
+        flags: u64,
+        buf: &mut Vec<u8>,
+    ) -> Served {
+        let Some(idx) = s.index_of(addr) else {
+            return self.serve_foreign(s, addr);
+        };
+        if s.is_root {
+            self.make_room(1);
+        }
+        let mut inner = s.inner.lock();
+        let st = inner.state.get(idx);
+        match st {
+            Faulting => return Served::Done, // another handler maps it and wakes every waiter
+            Poisoned => {
+                drop(inner);
+                if let Err(e) = s.uffd.poison(addr, PAGE) {
+                    if errno(&e) == libc::EAGAIN {
+                        return Served::Retry;
+                    }
+                    tracing::error!("poison {addr:#x}: {e}");
+                }
+                return Served::Done;
+            }
+            Staged => {
+                let slot = inner.staged[&(idx as u32)];
+                // The slot page is present (moved there) and stays until the state changes,
+                // which needs this lock.
+                match s.uffd.copy(addr, slot as *const u8, PAGE) {
+                    Ok(()) => {}
+                    Err(e) if errno(&e) == libc::EEXIST => {
+                        let _ = s.uffd.wake(addr, PAGE);
+                    }
+                    Err(e) if errno(&e) == libc::EAGAIN => return Served::Retry,
+                    Err(e) => {
+                        tracing::error!("copy staged page {idx}: {e}");
+                        return Served::Done;
+                    }
+                }
+                inner.state.set(idx, Resident);
+                inner.staged.remove(&(idx as u32));
+                inner.resident += 1;
+                inner.admit(idx as u32);
+                self.counters.staged_faults.fetch_add(1, Relaxed);
+                return Served::Done;
+            }
+            _ => {}
+        }
+        // Absent, Resident (dropped behind our back: zero, as anonymous memory reads) or Stored.
+        let sequential = idx == inner.last_fault + 1;
+        inner.last_fault = idx;
+        let mut max_run = if sequential {
+            self.fault_around.max(1)
+        } else {
+            1
+        };
+        if s.is_root {
+            // Fault-around never takes the region over its budget.
+            max_run = max_run.min(self.budget().saturating_sub(inner.resident).max(1));
+        }
+        let mut run = 1;
+        while run < max_run
+            && idx + run < s.pages
+            && matches!(inner.state.get(idx + run), Absent | Stored)
+        {
+            run += 1;
+        }
+        // No allocation per fault: a run is at most 64 pages (fault_around is checked).
+        let mut kinds_buf = [Absent; 64];
+        for (k, kind) in kinds_buf[..run].iter_mut().enumerate() {
+            *kind = inner.state.get(idx + k);
+        }
+        let kinds = &mut kinds_buf[..run];
+        // A page mapped here that we believed resident is counted again below: take it out.
+        if st == Resident {
+            inner.resident -= 1;
+            if let Some(t) = inner.tracker.as_mut() {
+                t.remove(idx as u32);
+            }
+            kinds[0] = Absent;
+        }
+        for k in 0..run {
+            inner.state.set(idx + k, Faulting);
+        }
+        drop(inner);
+
+        let write = flags & uffd::PAGEFAULT_FLAG_WRITE != 0;
+        let use_zero = !write && kinds.iter().all(|&k| k != Stored);
+        if !use_zero {
+            if buf.len() < run * PAGE {
+                buf.resize(run * PAGE, 0);
+            }
+            let mut at = 0;
+            while at < run {
+                if kinds[at] != Stored {
+                    buf[at * PAGE..(at + 1) * PAGE].fill(0);
+                    at += 1;
+                    continue;
+                }
+                // Consecutive stored pages in one read: members of one block are decoded once.
+                let end = (at..run).find(|&j| kinds[j] != Stored).unwrap_or(run);
+                let read = s
+                    .store
+                    .read_batch((idx + at) as u64, &mut buf[at * PAGE..end * PAGE]);
+                let first = at;
+                at = end;
+                if let Err(e) = read {
+                    let k = match e {
+                        StoreError::Corrupt { index, .. }
+                            if (idx + first..idx + end).contains(&(index as usize)) =>
+                        {
+                            index as usize - idx
+                        }
+                        _ => first,
+                    };
+                    // Corrupt data must not become silently wrong memory: SIGBUS.
+                    tracing::error!("page {} of the region cannot be read back: {e}", idx + k);
+                    let r = s.uffd.poison(s.page_addr(idx + k), PAGE);
+                    let mut inner = s.inner.lock();
+                    for (j, &kind) in kinds.iter().enumerate() {
+                        if inner.state.get(idx + j) == Faulting {
+                            inner.state.set(idx + j, kind);
+                        }
+                    }
+                    if r.is_ok() {
+                        inner.state.set(idx + k, Poisoned);
+                        let _ = s.store.discard((idx + k) as u64);
+                    }
+                    drop(inner);
+                    if k != 0 {
+                        // The faulting thread waits on the first page, not the poisoned one:
+                        // let it fault again (on its page alone).
+                        let _ = s.uffd.wake(addr, PAGE);
+                    }
+                    return match r {
+                        Err(e) if errno(&e) == libc::EAGAIN => Served::Retry,
+                        _ => Served::Done,
+                    };
+                }
+            }
+        }
+        // Map the run in one call. If that fails part-way, go page by page so that each page's
+        // outcome is known exactly (a page marked resident must really be mapped).
+        let map = |at: usize, pages: usize| -> std::io::Result<()> {
+            let r = if use_zero {
+                s.uffd.zeropage(s.page_addr(at), pages * PAGE)
+            } else {
+                let off = (at - idx) * PAGE;
+                s.uffd
+                    .copy(s.page_addr(at), buf[off..].as_ptr(), pages * PAGE)
+            };
+            match r {
+                // Already present: our own earlier partial attempt. Wake whoever still waits.
+                Err(e) if errno(&e) == libc::EEXIST && pages == 1 => {
+                    s.uffd.wake(s.page_addr(at), PAGE)
+                }
+                r => r,
+            }
+        };
+        let mut mapped: u64 = if run == 64 {
+            u64::MAX
+        } else {
+            (1u64 << run) - 1
+        };
+        let mut again = false;
+        let mut enomem = false;
+        if let Err(e) = map(idx, run) {
+            mapped = 0;
+            let mut first_err = Some(e);
+            for k in 0..run {
+                let r = if run == 1 {
+                    match first_err.take() {
+                        Some(e) if errno(&e) == libc::EEXIST => map(idx, 1),
+                        Some(e) => Err(e),
+                        None => unreachable!(),
+                    }
+                } else {
+                    map(idx + k, 1)
+                };
+                match r {
+                    Ok(()) => mapped |= 1 << k,
+                    Err(e) if errno(&e) == libc::EAGAIN => again = true,
+                    Err(e) if errno(&e) == libc::ENOMEM => enomem = true,
+                    Err(e) => {
+                        if errno(&e) != libc::ENOENT && errno(&e) != libc::ESRCH {
+                            tracing::error!("resolving fault at {:#x}: {e}", s.page_addr(idx + k));
+                        }
+                    }
+                }
+            }
+        }
+        let mut inner = s.inner.lock();
+        if mapped & 1 == 0 {
+            for (k, &kind) in kinds.iter().enumerate() {
+                if inner.state.get(idx + k) == Faulting {
+                    inner.state.set(idx + k, kind);
+                }
+            }
+            // Pages after the first that did map are handled on their own faults (EEXIST).
+            drop(inner);
+            if again {
+                return Served::Retry;
+            }
+            if enomem {
+                self.out_of_memory(s, addr);
+            }
+            // Never leave the thread waiting: it retries (and fails properly if the memory is gone).
+            let _ = s.uffd.wake(addr, PAGE);
+            return Served::Done;
+        }
+        if self.enomem_streak.load(Relaxed) != 0 {
+            self.enomem_streak.store(0, Relaxed);
+        }
+        for (k, &kind) in kinds.iter().enumerate() {
+            let i = idx + k;
+            if inner.state.get(i) != Faulting {
+                continue; // removed meanwhile: the kernel zaps what we mapped
+            }
+            if mapped & (1 << k) == 0 {
+                inner.state.set(i, kind);
+                continue;
+            }
+            inner.state.set(i, Resident);
+            inner.resident += 1;
+            inner.admit(i as u32);
+            if kind == Stored {
+                let _ = s.store.discard(i as u64);
+            }
+        }
+        drop(inner);
+        if kinds[0] == Stored {
+            self.counters.major_faults.fetch_add(1, Relaxed);
+        } else {
+            self.counters.zero_faults.fetch_add(1, Relaxed);
+        }
+        self.counters
+            .fault_around_pages
+            .fetch_add(run as u64 - 1, Relaxed);
+        Served::Done
+    }
+
+    /// The kernel refused memory for a fault (ENOMEM). Evict and let the thread retry; after
+    /// [`OOM_STREAK`] refusals in a row nothing can be freed (the store is full too): the
+    /// process is out of memory and is killed (SIGKILL), as a swapless one would be by the
+    /// kernel, instead of spinning forever. A forked child's fault gets SIGBUS instead.
+    fn out_of_memory(self: &Arc<Self>, s: &Arc<Space>, addr: usize) {
+        let streak = self.enomem_streak.fetch_add(1, Relaxed) + 1;
+        if streak == 1 {
+            tracing::warn!("the kernel refused memory for a fault (ENOMEM); evicting and retrying");
+        }
+        if s.is_root {
+            let resident = s.inner.lock().resident;
+            self.evict(resident.min(STAGING_SLOTS));
+        }
+        if streak < OOM_STREAK {
+            std::thread::sleep(Duration::from_millis(2));
+            return;
+        }
+        if !s.is_root {
+            if let Err(e) = s.uffd.poison(addr, PAGE) {
+                tracing::error!("poison {addr:#x} after ENOMEM: {e}");
+            }
+            return;
+        }
+        let st = s.store.stats();
+        tracing::error!(
+            "out of memory: no memory for a fault for {} s and nothing can be evicted (resident {} \
+             pages, compressed store {} of {} bytes); killing the process",
+            OOM_STREAK * 2 / 1000,
+            s.inner.lock().resident,
+            st.mem_used_total,
+            st.mem_limit
+        );
+        // SAFETY: ends this process, as the OOM killer would.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+
+    /// A fault outside the region's range on our descriptor: memory that was mremapped away.
+    /// Its evicted content cannot be found by address any more; SIGBUS beats silent zeros.
+    fn serve_foreign(&self, s: &Space, addr: usize) -> Served {
+        if addr >= self.staging && addr < self.staging + STAGING_SLOTS * PAGE {
+            tracing::error!("fault in the staging area at {addr:#x} (a zmem bug); mapping zeros");
+            let _ = s.uffd.zeropage(addr, PAGE);
+            return Served::Done;
+        }
+        match s.uffd.poison(addr, PAGE) {
+            Err(e) if errno(&e) == libc::EAGAIN => Served::Retry,
+            Err(e) => {
+                tracing::error!("fault at {addr:#x} outside the region and poison failed: {e}");
+                let _ = s.uffd.wake(addr, PAGE);
+                Served::Done
+            }
+            Ok(()) => Served::Done,
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! fork(): a forked child's region pages that were evicted at fork time are served from a
+//! snapshot of the parent's store, so each process's later writes stay its own. The kernel
+//! sends a FORK event that the forking thread waits for; our `pthread_atfork` hooks park every
+//! region's threads first (see [`Shared::fork_mode`]), so that none of them is blocked in the
+//! allocator (whose locks glibc holds across fork) when the event must be read.
+
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::config::PAGE;
+use crate::error::RegionError;
+use crate::manager::{errno, Shared, Space, SpaceInner};
+use crate::state::PageState::*;
+use crate::state::StateTable;
+use crate::uffd::{self, Msg, Uffd};
+
+/// Every live region, for the fork hooks.
+static REGISTRY: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
+static ATFORK: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn atfork_prepare() {
+    for s in REGISTRY.lock().iter() {
+        if let Some(s) = s.upgrade() {
+            s.fork_gate_close();
+        }
+    }
+}
+
+extern "C" fn atfork_parent() {
+    for s in REGISTRY.lock().iter() {
+        if let Some(s) = s.upgrade() {
+            s.fork_gate_open();
+        }
+    }
+}
+
+/// Makes fork() park this region's threads first (see [`Shared::fork_mode`]).
+pub(crate) fn register_for_fork(shared: &Arc<Shared>) {
+    ATFORK.call_once(|| {
+        // SAFETY: registering plain extern "C" functions with no captured state.
+        unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), None) };
+    });
+    let mut r = REGISTRY.lock();
+    r.retain(|w| w.strong_count() > 0);
+    r.push(Arc::downgrade(shared));
+}
+
+impl Shared {
+    /// While a fork is in progress (between our `pthread_atfork` prepare and parent hooks) a
+    /// handler only reads messages, so the kernel's FORK event (which the forking thread waits
+    /// for) is read, and allocates nothing: glibc holds the allocator's locks across fork, and a
+    /// handler blocked in malloc before reading the event would deadlock the fork. FORK events
+    /// are stashed and snapshotted after the fork returns; faults and other events wait, in
+    /// order, in `deferred` (reserved up front). No fault is resolved until the snapshot is
+    /// taken, so the child's view is the parent's memory at the fork.
+    pub(crate) fn fork_mode(
+        &self,
+        spaces: &[Arc<Space>],
+        fds: &mut [libc::pollfd],
+        msgs: &mut [Msg],
+        deferred: &mut Vec<(Arc<Space>, Msg)>,
+        forks: &mut Vec<(Arc<Space>, i32)>,
+    ) {
+        self.parked.fetch_add(1, AcqRel);
+        while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
+            for f in fds.iter_mut() {
+                f.revents = 0;
+            }
+            // SAFETY: a valid pollfd array.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 5) };
+            for (i, s) in spaces.iter().enumerate() {
+                if fds[i + 2].revents == 0 {
+                    continue;
+                }
+                // Pushes stay within the capacity reserved up front (one fault per blocked
+                // thread: FORK_STASH is far above any thread count zmem serves).
+                loop {
+                    let n = s.uffd.read_msgs(msgs).unwrap_or(0);
+                    for m in &msgs[..n] {
+                        if m.event == uffd::EVENT_FORK {
+                            forks.push((s.clone(), m.arg0 as u32 as i32));
+                        } else {
+                            deferred.push((s.clone(), *m));
+                        }
+                    }
+                    if n < msgs.len() {
+                        break;
+                    }
+                }
+            }
+        }
+        self.parked.fetch_sub(1, AcqRel);
+    }
+
+    /// pthread_atfork prepare: park every handler and the evictor (bounded wait).
+    pub fn fork_gate_close(&self) {
+        self.forking.store(true, Release);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(self.gate_fd, (&one as *const u64).cast(), 8) };
+        self.kick_evictor();
+        let t0 = Instant::now();
+        while self.parked.load(Acquire) < self.workers && t0.elapsed() < Duration::from_secs(2) {
+            std::thread::yield_now();
+        }
+        let mut v = 0u64;
+        // SAFETY: draining our eventfd (non-blocking).
+        unsafe { libc::read(self.gate_fd, (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// pthread_atfork parent: let them go.
+    pub fn fork_gate_open(&self) {
+        self.forking.store(false, Release);
+    }
+
+    /// snapshot of this space's store, so each process's later writes stay its own.
+    pub(crate) fn on_fork(&self, parent: &Space, child_uffd: Uffd) {
+        let _evicting = self.evict_lock.lock();
+        let inner = parent.inner.lock();
+        let child = match self.snapshot(parent, &inner, child_uffd) {
+            Ok(c) => c,
+            Err(e) => {
+                // The child cannot be served: its faults would hang. Nothing safe remains but
+                // to say so loudly; its descriptor is closed, so its faults read zeros.
+                tracing::error!("fork: cannot snapshot the region for the child: {e}");
+                return;
+            }
+        };
+        drop(inner);
+        self.children.lock().push(Arc::new(child));
+        self.counters.forks.fetch_add(1, Relaxed);
+        tracing::debug!("fork: child region space ready");
+    }
+
+    fn snapshot(
+        &self,
+        parent: &Space,
+        inner: &SpaceInner,
+        child_uffd: Uffd,
+    ) -> Result<Space, RegionError> {
+        let store = (self.store_factory)()?;
+        let mut state = StateTable::new(parent.pages);
+        let mut page = vec![0u8; PAGE];
+        for (i, st) in inner.state.iter().enumerate() {
+            match st {
+                // Faulting pages still have their store entry (discarded only after mapping).
+                Stored | Faulting => {
+                    parent.store.read(i as u64, &mut page)?;
+                    store.write(i as u64, &page)?;
+                    state.init(i, Stored);
+                }
+                Staged => {
+                    let slot = inner.staged[&(i as u32)];
+                    // SAFETY: a Staged page's slot holds the moved page until the state
+                    // changes, which needs the lock our caller holds.
+                    let src = unsafe { std::slice::from_raw_parts(slot as *const u8, PAGE) };
+                    store.write(i as u64, src)?;
+                    state.init(i, Stored);
+                }
+                // Present at fork time: the child has its own copy-on-write mapping.
+                Resident => state.init(i, Resident),
+                Absent => {} // already Absent: leave the child's untouched table pages alone
+                other => state.init(i, other),
+            }
+        }
+        let mut inner = SpaceInner::new(state, None);
+        // The child's resident pages are those present at fork (its copy-on-write mapping).
+        inner.resident = inner.state.count(Resident);
+        Ok(Space {
+            uffd: child_uffd,
+            base: parent.base,
+            pages: parent.pages,
+            store: std::mem::ManuallyDrop::new(store),
+            inner: Mutex::new(inner),
+            is_root: false,
+            dead: AtomicBool::new(false),
+        })
+    }
+
+    /// Drops the spaces of children that have exited (their mm is gone: ESRCH).
+    pub fn reap_children(&self) {
+        let mut children = self.children.lock();
+        children.retain(|c| {
+            // A copy to a low address that is never part of a region: ESRCH when the child's
+            // memory is gone; otherwise an error that changes nothing.
+            let probe = c.uffd.copy(0x10000, self.zero_page.as_ptr(), PAGE);
+            let gone = matches!(&probe, Err(e) if errno(e) == libc::ESRCH);
+            if gone {
+                c.dead.store(true, Relaxed);
+            }
+            !gone
+        });
+    }
+}

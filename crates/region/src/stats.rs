@@ -1,0 +1,67 @@
+//! A region's statistics: one schema, serialisable, which the process statistics of the
+//! preload library (`zmem stat`, exit reports) embed and the C API copies into its struct.
+
+use serde::{Deserialize, Serialize};
+use zmem_store::StoreStats;
+
+/// Fault latency summary, in nanoseconds, measured by the handler from reading the fault to
+/// waking the faulting thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+/// Statistics of a region.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RegionStats {
+    pub size: u64,
+    /// Current budget in bytes (changes over time with an adaptive budget).
+    pub budget: u64,
+    /// Bytes mapped in the region now.
+    pub resident: u64,
+    /// Bytes of evicted pages waiting in staging for compression.
+    pub staged: u64,
+    /// Faults on evicted pages (decompressed from the store).
+    pub major_faults: u64,
+    /// Faults on pages never touched or dropped by the program (zero-filled).
+    pub zero_faults: u64,
+    /// Faults on pages caught between unmapping and compression (served uncompressed).
+    pub staged_faults: u64,
+    /// Extra pages mapped by fault-around.
+    pub fault_around_pages: u64,
+    /// Pages taken out of the mapping.
+    pub evictions: u64,
+    /// Evictions a faulting thread had to do itself because the budget was exhausted.
+    pub direct_evictions: u64,
+    /// Pages that were shared with a forked child and had to be unshared before moving out.
+    pub unshared: u64,
+    pub forks: u64,
+    /// Evicted pages the store refused because it was full (they stayed resident).
+    pub store_refused: u64,
+    /// Fault resolution latency.
+    pub fault_latency: Latency,
+    /// The page store under the region (zram mm_stat meanings).
+    pub store: StoreStats,
+}
+
+impl RegionStats {
+    /// Every fault served by the handler.
+    pub fn faults(&self) -> u64 {
+        self.major_faults + self.zero_faults + self.staged_faults
+    }
+
+    /// Bytes of the region's data per byte of DRAM it uses (resident + staged + compressed
+    /// pool): how much more memory the program sees than it costs.
+    pub fn effective_ratio(&self) -> f64 {
+        let data = self.resident + self.staged + self.store.orig_data_size;
+        let dram = self.resident + self.staged + self.store.mem_used_total;
+        if dram == 0 {
+            return 0.0;
+        }
+        data as f64 / dram as f64
+    }
+}
