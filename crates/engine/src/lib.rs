@@ -11,8 +11,6 @@
 mod backend;
 mod cpu;
 mod policy;
-/// Kept until every layer spawns through zmem-os directly.
-pub use zmem_os::thread;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

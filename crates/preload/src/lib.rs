@@ -40,7 +40,7 @@ static START: extern "C" fn() = {
     start
 };
 
-const PAGE: usize = 4096;
+use zmem_os::PAGE_SIZE as PAGE;
 
 #[inline]
 unsafe fn alloc(size: usize) -> *mut c_void {

@@ -135,7 +135,7 @@ fn init() -> Result<(), InitError> {
     rc.eviction = config.eviction;
     rc.handler_threads = config.handler_threads;
     rc.store_limit = config.store_limit;
-    zmem_engine::thread::set_start_hook(heap::mark_internal);
+    zmem_os::thread::set_start_hook(heap::mark_internal);
     let region = Region::new(rc).map_err(|e| fail(e.to_string()))?;
     // SAFETY: the region's memory lives as long as the process (RUNTIME is never dropped).
     let (heap_start, heap_len) =

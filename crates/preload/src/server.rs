@@ -22,7 +22,7 @@ pub fn start(dir: Option<&Path>, pid: u32, stats: fn() -> Option<ProcessStats>) 
             return None;
         }
     };
-    let spawned = zmem_engine::thread::spawn("zmem-stat".into(), move || {
+    let spawned = zmem_os::thread::spawn("zmem-stat".into(), move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
             if !same_user(&conn) {

@@ -9,8 +9,8 @@ use crate::budget::{AdaptiveConfig, Controller};
 use crate::error::RegionError;
 use crate::policy::Eviction;
 
-/// Size of a page of a region.
-pub const PAGE: usize = 4096;
+/// Size of a page of a region (zmem-os defines it once for every layer).
+pub use zmem_os::PAGE_SIZE as PAGE;
 
 /// The smallest budget: below this a region would spend its time evicting.
 pub const MIN_BUDGET_PAGES: usize = 16;

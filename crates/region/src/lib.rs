@@ -33,6 +33,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
 use zmem_engine::Policy;
+use zmem_os::{Mapping, MappingFlags};
 use zmem_store::{PageStore, StoreConfig};
 
 use budget_loop::BudgetLoop;
@@ -65,45 +66,14 @@ pub struct Region {
 unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
-/// Anonymous private mapping, unmapped on drop unless disarmed.
-struct Mapping {
-    addr: usize,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(len: usize) -> Result<Mapping, RegionError> {
-        // SAFETY: a fresh anonymous mapping; the kernel picks the address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(os("mmap"));
-        }
-        Ok(Mapping {
-            addr: p as usize,
-            len,
-        })
-    }
-    fn disarm(self) -> usize {
-        let a = self.addr;
-        std::mem::forget(self);
-        a
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping.
-        unsafe { libc::munmap(self.addr as *mut _, self.len) };
-    }
+/// The region's range and its staging area: reserved address space (MAP_NORESERVE); a guard
+/// until the Region owns them.
+fn reserve(len: usize) -> Result<Mapping, RegionError> {
+    let flags = MappingFlags {
+        noreserve: true,
+        no_huge_pages: false,
+    };
+    Mapping::new(len, flags).map_err(|source| RegionError::Os { op: "mmap", source })
 }
 
 impl Region {
@@ -146,14 +116,14 @@ impl Region {
             uffd::OpenError::Permission(source) => RegionError::Permission { source },
             uffd::OpenError::Unsupported(feature, why) => RegionError::Unsupported { feature, why },
         })?;
-        let region = Mapping::new(len)?;
-        let staging = Mapping::new(STAGING_SLOTS * PAGE)?;
-        fd.register_missing(region.addr, len)
+        let region = reserve(len)?;
+        let staging = reserve(STAGING_SLOTS * PAGE)?;
+        fd.register_missing(region.addr(), len)
             .map_err(|source| RegionError::Os {
                 op: "UFFDIO_REGISTER (region)",
                 source,
             })?;
-        fd.register_missing(staging.addr, STAGING_SLOTS * PAGE)
+        fd.register_missing(staging.addr(), STAGING_SLOTS * PAGE)
             .map_err(|source| RegionError::Os {
                 op: "UFFDIO_REGISTER (staging)",
                 source,
@@ -174,7 +144,7 @@ impl Region {
         }
         let root = Space {
             uffd: fd,
-            base: region.addr,
+            base: region.addr(),
             pages,
             store: std::mem::ManuallyDrop::new(store),
             inner: Mutex::new(SpaceInner::new(
@@ -187,7 +157,7 @@ impl Region {
         let shared = Arc::new(Shared {
             root: Arc::new(root),
             children: Mutex::new(Vec::new()),
-            staging: staging.addr,
+            staging: staging.addr(),
             budget_pages: AtomicUsize::new(budget_pages),
             fault_around: cfg.fault_around,
             evict_group,
@@ -218,9 +188,9 @@ impl Region {
         let mut region_obj = Region {
             shared: Some(shared.clone()),
             threads: Vec::new(),
-            base: region.disarm(),
+            base: region.into_raw().0.as_ptr() as usize,
             len,
-            staging: staging.disarm(),
+            staging: staging.into_raw().0.as_ptr() as usize,
             interval,
             history,
         };
@@ -229,7 +199,7 @@ impl Region {
         }
         for i in 0..cfg.handler_threads {
             let s = shared.clone();
-            let h = zmem_engine::thread::spawn(format!("zmem-fault-{i}"), move || s.handler_loop())
+            let h = zmem_os::thread::spawn(format!("zmem-fault-{i}"), move || s.handler_loop())
                 .map_err(|source| RegionError::Os {
                     op: "spawn fault handler",
                     source,
@@ -237,11 +207,11 @@ impl Region {
             region_obj.threads.push(h);
         }
         let s = shared.clone();
-        let h = zmem_engine::thread::spawn("zmem-evict".into(), move || s.evictor_loop(adaptive))
+        let h = zmem_os::thread::spawn("zmem-evict".into(), move || s.evictor_loop(adaptive))
             .map_err(|source| RegionError::Os {
-            op: "spawn evictor",
-            source,
-        })?;
+                op: "spawn evictor",
+                source,
+            })?;
         region_obj.threads.push(h);
         fork::register_for_fork(&shared);
         Ok(region_obj)

@@ -162,7 +162,7 @@ impl Drop for Space {
             // SAFETY: the Box leaked above, taken back once, by this closure only.
             drop(unsafe { Box::from_raw(raw as *mut Box<dyn BackingStore>) })
         };
-        if let Err(e) = zmem_engine::thread::spawn("zmem-reap".into(), reap) {
+        if let Err(e) = zmem_os::thread::spawn("zmem-reap".into(), reap) {
             tracing::warn!("a dead child's snapshot is leaked (no thread to free it): {e}");
         }
     }
