@@ -7,10 +7,11 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
-use super::{KvConfig, Plan, MIB, TARGET_DATA_VS_NOSWAP, TARGET_DATA_VS_ZRAM, TARGET_GET_VS_ZRAM};
-use crate::bench::blockdev::MmStat;
-use crate::bench::fmt_size;
-use crate::bench::region::text_table;
+use super::plan::Plan;
+use super::{KvConfig, MIB, TARGET_DATA_VS_NOSWAP, TARGET_DATA_VS_ZRAM, TARGET_GET_VS_ZRAM};
+use crate::kernel::zram::MmStat;
+use crate::report::text_table;
+use zmem_runenv::size::{format_mib, format_size};
 
 /// Measurements after one step.
 #[derive(Clone, Debug, Serialize)]
@@ -136,19 +137,10 @@ pub fn ratios(results: &[ConfigResult], limit: u64) -> Ratios {
     }
 }
 
-pub(super) fn mib_str(b: u64) -> String {
-    let m = b as f64 / MIB as f64;
-    if (m - m.round()).abs() < 0.05 {
-        format!("{m:.0} MiB")
-    } else {
-        format!("{m:.1} MiB")
-    }
-}
-
 pub(super) fn stop_str(s: &Stop) -> String {
     match s.kind.as_str() {
         "max-data" => "no OOM up to --max-data".into(),
-        k => format!("{k} while loading up to {}", mib_str(s.at_data)),
+        k => format!("{k} while loading up to {}", format_mib(s.at_data)),
     }
 }
 
@@ -183,10 +175,10 @@ pub fn summary_table(plan: &Plan, results: &[ConfigResult], skipped: &[Skipped])
                 .map_or("-".into(), |v| format!("{:.0}", v as f64 / MIB as f64));
             vec![
                 format!("{}: {}", r.config.as_str(), r.description),
-                fmt_size(r.dram_total),
+                format_size(r.dram_total),
                 match r.data_at_oom {
-                    Some(d) => mib_str(d),
-                    None => format!(">= {}", mib_str(r.data_held)),
+                    Some(d) => format_mib(d),
+                    None => format!(">= {}", format_mib(r.data_held)),
                 },
                 stop_str(&r.stop),
                 peak,
@@ -317,7 +309,7 @@ pub fn ratio_lines(plan: &Plan, r: &Ratios, results: &[ConfigResult]) -> String 
         ),
         format!(
             "GET ops/s at {} (2x --limit), zmem / zram: {}",
-            mib_str(2 * plan.limit),
+            format_mib(2 * plan.limit),
             fmt(
                 r.get_at_twice_limit_zmem_over_zram,
                 TARGET_GET_VS_ZRAM,
@@ -369,8 +361,8 @@ pub fn plot(plan: &Plan, results: &[ConfigResult], path: &Path) -> anyhow::Resul
             "{} {}: limit {}, compressed {} (zram {} mem_limit / zmem store limit)",
             plan.server,
             plan.server_version,
-            fmt_size(plan.limit),
-            fmt_size(plan.compressed),
+            format_size(plan.limit),
+            format_size(plan.compressed),
             plan.zram_alg
         ),
         ("sans-serif", 20),

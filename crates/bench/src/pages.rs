@@ -10,9 +10,58 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use super::corpus::Corpus;
-use super::{aborted, fmt_size, progress_bar, AlignedBuf, Interrupted, MemoryReport, PageTarget};
-use super::{ratio as ratio_of, PAGE};
+use crate::abort::{aborted, Interrupted};
+use crate::blockdev::{zram_index, BlockDevError, BlockDevTarget};
+use crate::corpus::Corpus;
+use crate::kernel::zram::ZramSession;
+use crate::report::progress_bar;
+use crate::report::{corpus_info, write_json, MachineInfo};
+use crate::target::{ratio as ratio_of, AlignedBuf, MemoryReport, PageTarget, PAGE};
+use crate::zmem_target::{self, ZmemTargetConfig};
+use crate::{default_corpus, POLICIES};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use zmem_runenv::size::format_size;
+use zmem_runenv::size::{parse_size, parse_size_usize};
+
+#[derive(Debug, Clone, Args)]
+pub struct PagesArgs {
+    /// `zmem`, or a block device path (/dev/zramN is configured for the run and reset after).
+    #[arg(long)]
+    pub target: String,
+    #[arg(long, value_enum, default_value = "write")]
+    pub rw: Rw,
+    /// Block size (multiple of 4k).
+    #[arg(long, value_parser = parse_size_usize, default_value = "4k")]
+    pub bs: usize,
+    /// Threads, each owning a contiguous slice of size/jobs.
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    /// Bytes covered (k, m, g suffixes), a multiple of bs*jobs.
+    #[arg(long, value_parser = parse_size, default_value = "512M")]
+    pub size: u64,
+    /// Corpus directory [default: ../shared/corpora/calgary or /work/shared/corpora/calgary].
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// zmem policy.
+    #[arg(long, default_value = "balanced", value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
+    pub policy: String,
+    /// zmem multi-page block bytes.
+    #[arg(long, value_parser = parse_size_usize)]
+    pub block: Option<usize>,
+    /// zmem memory limit.
+    #[arg(long, value_parser = parse_size)]
+    pub mem_limit: Option<u64>,
+    /// Write the result as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Do not compare reads with the corpus.
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Algorithm for a /dev/zramN target (configured for the run, reset after).
+    #[arg(long, default_value = "lz4")]
+    pub zram_alg: String,
+}
 
 /// Seed of the random permutations (job j uses SEED + j): runs are reproducible.
 pub const SEED: u64 = 0x7a6d_656d_5eed;
@@ -126,9 +175,9 @@ impl PagesSpec {
                 below: if below == 0 {
                     "none".into()
                 } else {
-                    fmt_size(below)
+                    format_size(below)
                 },
-                above: fmt_size(below.saturating_add(unit)),
+                above: format_size(below.saturating_add(unit)),
             });
         }
         Ok(self.size / self.jobs as u64)
@@ -136,7 +185,7 @@ impl PagesSpec {
 
     /// "4k/1/write"
     pub fn cell(&self) -> String {
-        format!("{}/{}/{}", fmt_size(self.bs as u64), self.jobs, self.rw)
+        format!("{}/{}/{}", format_size(self.bs as u64), self.jobs, self.rw)
     }
 }
 
@@ -203,7 +252,7 @@ impl PagesResult {
         format!(
             "{:<16} {:>4} x{} {:<9} {:>9.1} MiB/s  cpu {:>6.3} s/GiB ({:.2} cores)  lat p50 {:.1} p99 {:.1} p99.9 {:.1} us  ratio {} (compr {})",
             self.target,
-            fmt_size(self.spec.bs as u64),
+            format_size(self.spec.bs as u64),
             self.spec.jobs,
             self.spec.rw.as_str(),
             self.mib_s,
@@ -547,4 +596,68 @@ pub fn verify_contents(
     }
     .run()?;
     Ok(out.verified)
+}
+/// `zmem bench pages`.
+pub fn run_command(args: &PagesArgs) -> anyhow::Result<()> {
+    let spec = PagesSpec {
+        rw: args.rw,
+        bs: args.bs,
+        jobs: args.jobs,
+        size: args.size,
+        verify: !args.no_verify,
+    };
+    spec.validate()?;
+    let corpus_dir = args.corpus.clone().unwrap_or_else(default_corpus);
+    let corpus = Corpus::load(&corpus_dir)?;
+    crate::abort::install_abort_handler();
+
+    let result = if args.target == "zmem" {
+        let target = zmem_target::open(&ZmemTargetConfig {
+            size: spec.size,
+            policy: args.policy.clone(),
+            block: args.block,
+            mem_limit: args.mem_limit,
+        })?;
+        run(target.as_ref(), &corpus, &spec)?
+    } else {
+        run_blockdev(Path::new(&args.target), &args.zram_alg, &corpus, &spec)?
+    };
+    println!("{}", result.summary());
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "command": std::env::args().collect::<Vec<_>>(),
+            "machine": MachineInfo::collect(),
+            "corpus": corpus_info(&corpus),
+            "result": result,
+        });
+        write_json(path, &doc)?;
+        eprintln!("zmem: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Runs `spec` on a block device; a /dev/zramN is configured (algorithm, disksize = size)
+/// through a [`ZramSession`] for the run and reset after.
+pub fn run_blockdev(
+    path: &Path,
+    zram_alg: &str,
+    corpus: &Corpus,
+    spec: &PagesSpec,
+) -> anyhow::Result<PagesResult> {
+    if !path.exists() {
+        return Err(BlockDevError::NotFound(path.to_path_buf()).into());
+    }
+    match zram_index(path) {
+        Some(n) => {
+            let mut session = ZramSession::acquire(n)?;
+            session.configure(zram_alg, spec.size)?;
+            // The target is dropped (closed) before the session resets the device.
+            let target = BlockDevTarget::open(path)?;
+            run(&target, corpus, spec)
+        }
+        None => {
+            let target = BlockDevTarget::open(path)?;
+            run(&target, corpus, spec)
+        }
+    }
 }

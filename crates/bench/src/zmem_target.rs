@@ -6,7 +6,7 @@ use anyhow::Context;
 use zmem_engine::Policy;
 use zmem_store::{PageStore, StoreConfig};
 
-use super::{MemoryReport, PageTarget};
+use crate::target::{MemoryReport, PageTarget};
 
 pub struct ZmemTargetConfig {
     pub size: u64,

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
-use super::kv::{self, read_data, read_line, Conn, KvArgs, KvError, Protocol, ServerSpec};
+use crate::kv::client::{read_data, read_line, Conn, KvError, Protocol};
+use crate::kv::server::ServerSpec;
+use crate::kv::{self, KvArgs};
 
 /// Redis's wire protocol (RESP 2).
 pub struct Resp;
@@ -184,7 +186,7 @@ pub static SPEC: ServerSpec = ServerSpec {
 
 /// `zmem bench redis`.
 pub fn run(a: &KvArgs) -> anyhow::Result<()> {
-    kv::run(a, &SPEC)
+    kv::run::run(a, &SPEC)
 }
 
 #[cfg(test)]

@@ -7,13 +7,45 @@ use anyhow::Context;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use super::blockdev::BlockDevTarget;
-use super::corpus::Corpus;
-use super::pages::{self, PagesResult, PagesSpec, Rw};
-use super::zmem_target::{self, ZmemTargetConfig};
-use super::zram::ZramSession;
-use super::{fmt_size, MachineInfo};
-use crate::cli::{corpus_info, default_corpus, write_json, CompareArgs};
+use crate::blockdev::BlockDevTarget;
+use crate::corpus::Corpus;
+use crate::kernel::zram::ZramSession;
+use crate::pages::{self, PagesResult, PagesSpec, Rw};
+use crate::report::{corpus_info, text_table, write_json, MachineInfo};
+use crate::zmem_target::{self, ZmemTargetConfig};
+use crate::{default_corpus, POLICIES};
+use clap::Args;
+use std::path::PathBuf;
+use zmem_runenv::size::{format_size, parse_size, parse_size_usize};
+
+#[derive(Debug, Clone, Args, serde::Serialize)]
+pub struct CompareArgs {
+    /// Corpus directory [default: ../shared/corpora/calgary or /work/shared/corpora/calgary].
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// Bytes per run (k, m, g suffixes), a multiple of 128k.
+    #[arg(long, value_parser = parse_size, default_value = "512M")]
+    pub size: u64,
+    /// JSON output.
+    #[arg(long, default_value = "bench-out/compare.json")]
+    pub json: PathBuf,
+    /// SVG chart output.
+    #[arg(long, default_value = "bench-out/compare.svg")]
+    pub plot: PathBuf,
+    /// zmem policies to run, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "fast,balanced,max,auto",
+          value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
+    pub policies: Vec<String>,
+    /// zram algorithms to run, comma separated (the first is the reference of the ratio columns).
+    #[arg(long, value_delimiter = ',', default_value = "lz4,lzo-rle")]
+    pub zram_algs: Vec<String>,
+    /// zmem multi-page block bytes.
+    #[arg(long, value_parser = parse_size_usize)]
+    pub block: Option<usize>,
+    /// Do not compare reads with the corpus.
+    #[arg(long)]
+    pub no_verify: bool,
+}
 
 /// Block sizes, jobs and patterns of the matrix, in row order.
 pub const MATRIX_BS: [usize; 2] = [4096, 65536];
@@ -91,7 +123,7 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<()> {
     }
     let corpus_dir = args.corpus.clone().unwrap_or_else(default_corpus);
     let corpus = Corpus::load(&corpus_dir)?;
-    super::install_abort_handler();
+    crate::abort::install_abort_handler();
 
     let mut cmp = Comparison::default();
     let mut outcome = run_all(args, &corpus, &specs, &mut cmp);
@@ -198,36 +230,6 @@ fn run_all(
     Ok(())
 }
 
-fn table(header: &[String], rows: &[Vec<String>]) -> String {
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.len());
-        }
-    }
-    let line = |r: &[String]| {
-        r.iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i == 0 {
-                    format!("{c:<width$}", width = w[i])
-                } else {
-                    format!("{c:>width$}", width = w[i])
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
-    let mut out = line(header);
-    out.push('\n');
-    out.push_str(&"-".repeat(out.len().saturating_sub(1)));
-    for r in rows {
-        out.push('\n');
-        out.push_str(&line(r));
-    }
-    out
-}
-
 /// Rows bs/jobs/rw; MiB/s per target; then zmem/zram-reference per zmem policy.
 pub fn throughput_table(cmp: &Comparison, specs: &[PagesSpec], args: &CompareArgs) -> String {
     let reference = args.zram_algs.first().map(|a| format!("zram-{a}"));
@@ -266,7 +268,7 @@ pub fn throughput_table(cmp: &Comparison, specs: &[PagesSpec], args: &CompareArg
             row
         })
         .collect();
-    table(&header, &rows)
+    text_table(&header, &rows)
 }
 
 /// Write rows: ratio (orig / mem_used_total) and CPU s/GiB per target.
@@ -297,7 +299,7 @@ pub fn memory_table(cmp: &Comparison, specs: &[PagesSpec]) -> String {
             row
         })
         .collect();
-    table(&header, &rows)
+    text_table(&header, &rows)
 }
 
 /// Grouped bars: MiB/s per cell, one bar per target.
@@ -319,7 +321,7 @@ pub fn plot(cmp: &Comparison, specs: &[PagesSpec], path: &Path) -> anyhow::Resul
     root.fill(&WHITE)?;
     let caption = format!(
         "zmem vs kernel zram: MiB/s ({} per run, O_DIRECT pages of the corpus)",
-        fmt_size(size)
+        format_size(size)
     );
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 22))

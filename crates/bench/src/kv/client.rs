@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::POLL;
-use crate::bench::{aborted, Interrupted};
+use crate::abort::{aborted, Interrupted};
 
 /// Errors of a client; which ones end a configuration and which ones fail the run is decided by
 /// `classify` in the driver.

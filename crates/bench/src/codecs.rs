@@ -9,9 +9,24 @@ use std::time::Instant;
 use anyhow::Context;
 use zmem_codec::{Codec, DEFAULT_REJECT_RATIO};
 
-use super::corpus::Corpus;
-use super::{progress_bar, MachineInfo};
-use crate::cli::{corpus_info, write_json, CodecsArgs};
+use crate::corpus::Corpus;
+use crate::report::{corpus_info, progress_bar, write_json, MachineInfo};
+use clap::Args;
+use std::path::PathBuf;
+use zmem_runenv::size::{format_size, parse_size_usize};
+
+#[derive(Debug, Clone, Args)]
+pub struct CodecsArgs {
+    /// Corpus directory.
+    #[arg(long, default_value = "../shared/corpora/calgary")]
+    pub corpus: PathBuf,
+    /// Block sizes, comma separated.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size_usize, default_value = "4k,8k,16k,32k,64k")]
+    pub block: Vec<usize>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
 
 const CODECS: [&str; 6] = ["lz4", "zstd-1", "zstd-3", "deflate-1", "deflate-6", "raw"];
 /// Each measurement repeats whole passes over the corpus until this much time has passed,
@@ -48,7 +63,7 @@ fn time_passes(mut pass: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f
         let t = Instant::now();
         pass()?;
         times.push(t.elapsed().as_secs_f64());
-        super::check_abort()?;
+        crate::abort::check_abort()?;
     }
     Ok(median(times))
 }
@@ -138,7 +153,7 @@ pub fn run(args: &CodecsArgs) -> anyhow::Result<()> {
             .collect();
         let mut lens = vec![0usize; blocks.len()];
         for &codec in &codecs {
-            pb.set_message(format!("{codec} {}", super::fmt_size(bs as u64)));
+            pb.set_message(format!("{codec} {}", format_size(bs as u64)));
             let mut rejected = 0;
             let ct = time_passes(|| {
                 rejected = 0;
@@ -193,7 +208,7 @@ pub fn run(args: &CodecsArgs) -> anyhow::Result<()> {
         println!(
             "{:<10} {:>6} {:>7.3} {:>12.0} {:>12.0} {:>12} {:>8} {:>9}",
             r.codec,
-            super::fmt_size(r.block as u64),
+            format_size(r.block as u64),
             r.ratio,
             r.compress_mb_s,
             r.decompress_mb_s,

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
-use super::kv::{self, read_data, read_line, Conn, KvArgs, KvError, Protocol, ServerSpec};
+use crate::kv::client::{read_data, read_line, Conn, KvError, Protocol};
+use crate::kv::server::ServerSpec;
+use crate::kv::{self, KvArgs};
 
 /// memcached's `-m`: 64 GiB, in MiB (memcached must never evict: a lost key is an error).
 pub const ITEM_MEMORY_MIB: u64 = 64 << 10;
@@ -175,7 +177,7 @@ pub static SPEC: ServerSpec = ServerSpec {
 
 /// `zmem bench memcached`.
 pub fn run(a: &KvArgs) -> anyhow::Result<()> {
-    kv::run(a, &SPEC)
+    kv::run::run(a, &SPEC)
 }
 
 #[cfg(test)]

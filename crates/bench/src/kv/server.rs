@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,9 +17,10 @@ use anyhow::Context;
 
 use super::client::{Conn, KvError, Protocol, Watch};
 use super::{LOG_HEAD, LOG_TAIL, START_TIMEOUT, TERM_TIMEOUT};
-use crate::bench::blockdev::parse_mm_stat;
-use crate::bench::cgroup::STAT_POLL;
-use crate::bench::{aborted, Interrupted};
+use crate::abort::{aborted, Interrupted};
+use crate::kernel::memcg::STAT_POLL;
+use crate::kernel::zram::parse_mm_stat;
+use crate::process::{self, describe_status};
 
 /// A key-value server: its binary, its command line, its protocol.
 pub struct ServerSpec {
@@ -294,9 +295,7 @@ impl Server {
     /// SIGKILL at once (a server stuck in the kernel's reclaim would not act on SIGTERM), reaped.
     pub fn kill(&mut self) {
         if self.try_exit().is_none() {
-            // SAFETY: our child, not yet reaped, so the pid cannot have been reused.
-            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGKILL) };
-            if let Ok(s) = self.child.wait() {
+            if let Some(s) = process::kill_and_reap(&mut self.child) {
                 self.exit = Some(s);
             }
         }
@@ -305,13 +304,10 @@ impl Server {
     /// Stops the server (see [`Server`]) and returns how the process started ended.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         if self.try_exit().is_none() {
-            let pid = self.child.id() as libc::pid_t;
-            // SAFETY: pid is our child, not yet reaped, so it cannot have been reused.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            if self.wait_exit(TERM_TIMEOUT).is_none() {
-                // SAFETY: as above (still not reaped).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                let _ = self.child.wait().map(|s| self.exit = Some(s));
+            let pid = self.child.id();
+            let t = process::terminate(&mut self.child, TERM_TIMEOUT);
+            self.exit = t.status;
+            if t.killed {
                 eprintln!("zmem: the server (pid {pid}) did not stop on SIGTERM: killed");
             }
         }
@@ -352,15 +348,6 @@ fn kill_cgroup_tasks(cg: &Path) {
             }
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-pub(super) fn describe_status(s: ExitStatus) -> String {
-    match (s.code(), s.signal()) {
-        (Some(c), _) => format!("exited with status {c}"),
-        (None, Some(libc::SIGKILL)) => "was killed by SIGKILL".into(),
-        (None, Some(sig)) => format!("was killed by signal {sig}"),
-        _ => format!("ended with {s}"),
     }
 }
 
@@ -456,22 +443,5 @@ impl Drop for ZramWatchdog {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
-    }
-}
-
-/// A scratch directory (the server's working directory), removed when dropped.
-pub(super) struct ScratchDir(pub(super) PathBuf);
-
-impl ScratchDir {
-    pub(super) fn create(name: &str) -> anyhow::Result<ScratchDir> {
-        let p = std::env::temp_dir().join(format!("zmem-bench-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
-        Ok(ScratchDir(p))
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

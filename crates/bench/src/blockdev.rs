@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::{MemoryReport, PageTarget, PAGE};
+use crate::kernel::zram::{parse_mm_stat, MmStat};
+use crate::target::{MemoryReport, PageTarget, PAGE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlockDevError {
@@ -142,44 +143,6 @@ pub fn zram_index(path: &Path) -> Option<u32> {
         .strip_prefix("zram")?
         .parse()
         .ok()
-}
-
-/// Parses /sys/block/zramN/mm_stat: orig_data_size compr_data_size mem_used_total mem_limit
-/// mem_used_max same_pages pages_compacted huge_pages [huge_pages_since].
-pub fn parse_mm_stat(text: &str) -> anyhow::Result<MmStat> {
-    let v: Vec<u64> = text
-        .split_whitespace()
-        .map(|f| f.parse::<u64>())
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("mm_stat is not a list of numbers: {text:?}"))?;
-    anyhow::ensure!(
-        v.len() >= 8,
-        "mm_stat has {} fields, expected at least 8: {text:?}",
-        v.len()
-    );
-    Ok(MmStat {
-        orig_data_size: v[0],
-        compr_data_size: v[1],
-        mem_used_total: v[2],
-        mem_limit: v[3],
-        mem_used_max: v[4],
-        same_pages: v[5],
-        pages_compacted: v[6],
-        huge_pages: v[7],
-    })
-}
-
-/// All fields of zram's mm_stat.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct MmStat {
-    pub orig_data_size: u64,
-    pub compr_data_size: u64,
-    pub mem_used_total: u64,
-    pub mem_limit: u64,
-    pub mem_used_max: u64,
-    pub same_pages: u64,
-    pub pages_compacted: u64,
-    pub huge_pages: u64,
 }
 
 impl From<&MmStat> for MemoryReport {

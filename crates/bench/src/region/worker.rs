@@ -16,44 +16,28 @@
 //!    when dropped if it is still running. It dies with this process (PR_SET_PDEATHSIG).
 
 use std::collections::HashMap;
-use std::ffi::CString;
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::ffi::OsStrExt;
+use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use super::blockdev::parse_mm_stat;
-use super::corpus::Corpus;
-use super::region::{
-    run_workload, Driver, FailAt, FaultCounter, Mem, MemoryUse, RegionArgs, RegionWorkerArgs,
-    SideResult, Workload,
+use super::driver::{run_workload, Driver, FaultCounter, Mem};
+use super::side::{MemoryUse, SideResult};
+use super::{FailAt, RegionArgs, RegionWorkerArgs, Workload};
+use crate::abort::{aborted, Interrupted};
+use crate::corpus::Corpus;
+use crate::kernel::memcg::{
+    bench_cgroups, cg_read_u64, cg_write, memory_stat, oom_kills, MemCgroup, CGROUP_PREFIX,
+    MEMCG_ROOT, STAT_POLL,
 };
-use super::zram::{self, ZramError, ZramSession};
-use super::{aborted, fmt_size, Interrupted};
-
-/// Mount point of the cgroup v1 memory controller.
-pub const MEMCG_ROOT: &str = "/sys/fs/cgroup/memory";
-/// Name prefix of the benchmark's cgroups (followed by the pid of `zmem bench region`).
-pub const CGROUP_PREFIX: &str = "zmem-bench-";
-/// Swap priority of zram0 during the run (the highest there is).
-pub const SWAP_PRIORITY: i32 = 32767;
-const SWAP_FLAG_PREFER: libc::c_int = 0x8000;
-const SWAP_FLAG_PRIO_MASK: libc::c_int = 0x7fff;
-/// How often the parent reads the benchmark cgroup's memory.stat while the worker runs.
-/// Reading it flushes the memory cgroup's statistics; without that, Linux 6.18 (cgroup v1,
-/// no MGLRU) OOM-kills small cgroups (tens of MiB) that swap to zram: its reclaim decides
-/// from stale counters, stops deactivating anon pages, and finds nothing to reclaim
-/// (measured: a 32M set at an 8M limit was OOM-killed in 6 of 6 runs without the poll, in 0 of
-/// 6 with it). A monitoring agent does the same on a real machine.
-pub const STAT_POLL: Duration = Duration::from_millis(10);
-
-/// The zram device used.
-pub const ZRAM_INDEX: u32 = 0;
+use crate::kernel::swap::{swaps, SwapOn, SWAP_PRIORITY};
+use crate::kernel::zram::{self, parse_mm_stat, MmStat, ZramError, ZramSession, ZRAM_INDEX};
+use crate::process::{self, signal_name};
+use zmem_runenv::size::format_size;
 
 /// What the kernel side did.
 #[derive(Debug)]
@@ -74,50 +58,6 @@ pub struct WorkerSpec {
     pub disksize: u64,
     pub parent_pid: u32,
     pub fail: Option<FailAt>,
-}
-
-/// One line of /proc/swaps.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SwapEntry {
-    pub device: String,
-    pub kind: String,
-    pub size_kib: u64,
-    pub used_kib: u64,
-    pub priority: i64,
-}
-
-/// Parses /proc/swaps.
-pub fn parse_swaps(text: &str) -> Vec<SwapEntry> {
-    text.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 5).then(|| SwapEntry {
-                device: f[0].to_string(),
-                kind: f[1].to_string(),
-                size_kib: f[2].parse().unwrap_or(0),
-                used_kib: f[3].parse().unwrap_or(0),
-                priority: f[4].parse().unwrap_or(0),
-            })
-        })
-        .collect()
-}
-
-/// The active swap devices.
-pub fn swaps() -> anyhow::Result<Vec<SwapEntry>> {
-    let text = std::fs::read_to_string("/proc/swaps").context("reading /proc/swaps")?;
-    Ok(parse_swaps(&text))
-}
-
-/// Benchmark cgroups that exist under the memory controller (leftovers, or a run in progress).
-pub fn bench_cgroups() -> Vec<PathBuf> {
-    let Ok(dir) = std::fs::read_dir(MEMCG_ROOT) else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(CGROUP_PREFIX))
-        .map(|e| e.path())
-        .collect()
 }
 
 /// Runs the workload on the kernel side and restores the machine. Conditions under which the
@@ -289,198 +229,6 @@ fn kernel_attempt(
     Ok(result)
 }
 
-/// The swap header of a device of `pages` 4 KiB pages (what mkswap writes: version 1,
-/// last_page, no bad pages, the "SWAPSPACE2" signature at the end of the first page).
-pub fn swap_header(pages: u64, label: &str) -> anyhow::Result<Vec<u8>> {
-    anyhow::ensure!(
-        pages >= 10,
-        "a swap device needs at least 10 pages, got {pages}"
-    );
-    let last = u32::try_from(pages - 1).context("swap device too large for a v1 header")?;
-    let mut h = vec![0u8; 4096];
-    h[1024..1028].copy_from_slice(&1u32.to_ne_bytes());
-    h[1028..1032].copy_from_slice(&last.to_ne_bytes());
-    // nr_badpages = 0 (1032..1036), uuid zero (1036..1052), then the volume label.
-    let l = label.as_bytes();
-    let n = l.len().min(15);
-    h[1052..1052 + n].copy_from_slice(&l[..n]);
-    h[4096 - 10..].copy_from_slice(b"SWAPSPACE2");
-    Ok(h)
-}
-
-/// Swap on a block device for as long as the guard lives.
-#[derive(Debug)]
-pub struct SwapOn {
-    dev: PathBuf,
-}
-
-impl SwapOn {
-    /// Writes a swap header on `dev` (its whole size) and swaps on it with `priority`.
-    pub fn enable(dev: &Path, priority: i32) -> anyhow::Result<SwapOn> {
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dev)
-            .with_context(|| format!("opening {}", dev.display()))?;
-        let size = f
-            .seek(SeekFrom::End(0))
-            .with_context(|| format!("size of {}", dev.display()))?;
-        let header = swap_header(size / 4096, "zmem-bench")?;
-        f.seek(SeekFrom::Start(0))?;
-        f.write_all(&header)
-            .and_then(|()| f.sync_all())
-            .with_context(|| format!("writing a swap header on {}", dev.display()))?;
-        drop(f);
-        let c = CString::new(dev.as_os_str().as_bytes()).context("device path")?;
-        let flags = SWAP_FLAG_PREFER | (priority & SWAP_FLAG_PRIO_MASK);
-        // SAFETY: c is a valid NUL-terminated path; swapon has no memory preconditions.
-        if unsafe { libc::swapon(c.as_ptr(), flags) } != 0 {
-            let err = std::io::Error::last_os_error();
-            return Err(err).with_context(|| format!("swapon {}", dev.display()));
-        }
-        eprintln!(
-            "zmem: swapon {} ({}, priority {priority})",
-            dev.display(),
-            fmt_size(size)
-        );
-        Ok(SwapOn {
-            dev: dev.to_path_buf(),
-        })
-    }
-}
-
-impl Drop for SwapOn {
-    fn drop(&mut self) {
-        let Ok(c) = CString::new(self.dev.as_os_str().as_bytes()) else {
-            return;
-        };
-        // SAFETY: c is a valid NUL-terminated path.
-        if unsafe { libc::swapoff(c.as_ptr()) } == 0 {
-            eprintln!("zmem: swapoff {}", self.dev.display());
-        } else {
-            let err = std::io::Error::last_os_error();
-            eprintln!(
-                "zmem: warning: swapoff {} failed: {err}; run: swapoff {}",
-                self.dev.display(),
-                self.dev.display()
-            );
-        }
-    }
-}
-
-/// A cgroup v1 memory cgroup that exists for as long as the guard lives.
-#[derive(Debug)]
-pub struct MemCgroup {
-    path: PathBuf,
-}
-
-impl MemCgroup {
-    /// Creates `root/name` (it must not exist), with memory.limit_in_bytes = `limit` if given.
-    pub fn create(root: &Path, name: &str, limit: Option<u64>) -> anyhow::Result<MemCgroup> {
-        let path = root.join(name);
-        if let Err(e) = std::fs::create_dir(&path) {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                anyhow::bail!(
-                    "cgroup {} exists already (a leftover? `rmdir {}` once it has no tasks)",
-                    path.display(),
-                    path.display()
-                );
-            }
-            return Err(e).with_context(|| format!("creating cgroup {}", path.display()));
-        }
-        let cg = MemCgroup { path };
-        if let Some(limit) = limit {
-            cg.write("memory.limit_in_bytes", &limit.to_string())?;
-        }
-        eprintln!(
-            "zmem: created memory cgroup {} (limit {})",
-            cg.path.display(),
-            limit.map_or("none yet".into(), fmt_size)
-        );
-        Ok(cg)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn write(&self, file: &str, value: &str) -> anyhow::Result<()> {
-        cg_write(&self.path, file, value)
-    }
-}
-
-impl Drop for MemCgroup {
-    fn drop(&mut self) {
-        // The worker was reaped before; the kernel may still need a moment to let go.
-        let t0 = Instant::now();
-        loop {
-            match std::fs::remove_dir(&self.path) {
-                Ok(()) => {
-                    eprintln!("zmem: removed cgroup {}", self.path.display());
-                    return;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-                Err(e)
-                    if e.raw_os_error() == Some(libc::EBUSY)
-                        && t0.elapsed() < Duration::from_secs(5) =>
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => {
-                    let tasks = std::fs::read_to_string(self.path.join("cgroup.procs"))
-                        .unwrap_or_default()
-                        .split_whitespace()
-                        .collect::<Vec<_>>()
-                        .join(" ");
-                    eprintln!(
-                        "zmem: warning: could not remove cgroup {}: {e} (tasks: [{tasks}]); run: rmdir {}",
-                        self.path.display(),
-                        self.path.display()
-                    );
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// The oom_kill count of a v1 memory cgroup's memory.oom_control (0 if unknown).
-pub fn oom_kills(dir: &Path) -> u64 {
-    std::fs::read_to_string(dir.join("memory.oom_control"))
-        .ok()
-        .and_then(|t| parse_memory_stat(&t).get("oom_kill").copied())
-        .unwrap_or(0)
-}
-
-fn cg_write(dir: &Path, file: &str, value: &str) -> anyhow::Result<()> {
-    let p = dir.join(file);
-    std::fs::write(&p, value).with_context(|| format!("writing {value:?} to {}", p.display()))
-}
-
-fn cg_read_u64(dir: &Path, file: &str) -> anyhow::Result<u64> {
-    let p = dir.join(file);
-    let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-    text.trim()
-        .parse()
-        .with_context(|| format!("{} is not a number: {text:?}", p.display()))
-}
-
-/// memory.stat of a v1 memory cgroup as key -> value.
-pub fn memory_stat(dir: &Path) -> anyhow::Result<HashMap<String, u64>> {
-    let p = dir.join("memory.stat");
-    let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-    Ok(parse_memory_stat(&text))
-}
-
-pub fn parse_memory_stat(text: &str) -> HashMap<String, u64> {
-    text.lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            Some((k.to_string(), v.trim().parse().ok()?))
-        })
-        .collect()
-}
-
 /// The worker process of the kernel side.
 pub struct Worker {
     child: Child,
@@ -492,7 +240,7 @@ impl Worker {
     /// Starts this binary as `zmem bench region-worker --spec JSON` (stdout piped for its
     /// report, stderr shared for its progress and errors).
     pub fn spawn(spec: &WorkerSpec) -> anyhow::Result<Worker> {
-        let exe = std::env::current_exe().context("locating the zmem binary")?;
+        let exe = process::self_exe()?;
         let json = serde_json::to_string(spec)?;
         let mut child = Command::new(&exe)
             .args(["bench", "region-worker", "--spec", &json])
@@ -552,21 +300,12 @@ impl Worker {
         if self.reaped {
             return;
         }
-        let pid = self.child.id() as libc::pid_t;
-        // SAFETY: pid is our child, not yet reaped, so the pid cannot have been reused.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(3) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                self.reaped = true;
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let pid = self.child.id();
+        let t = process::terminate(&mut self.child, Duration::from_secs(3));
         self.reaped = true;
-        eprintln!("zmem: killed the kernel-side worker (pid {pid})");
+        if t.killed {
+            eprintln!("zmem: killed the kernel-side worker (pid {pid})");
+        }
     }
 }
 
@@ -584,17 +323,6 @@ fn describe_status(s: ExitStatus) -> String {
         (Some(c), _) => format!("exited with status {c} (its message is above)"),
         (None, Some(sig)) => format!("was killed by signal {sig}{}", signal_name(sig)),
         _ => format!("ended with {s}"),
-    }
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGKILL => " (SIGKILL: the OOM killer, or a kill)",
-        libc::SIGABRT => " (SIGABRT)",
-        libc::SIGSEGV => " (SIGSEGV)",
-        libc::SIGTERM => " (SIGTERM)",
-        libc::SIGINT => " (SIGINT)",
-        _ => "",
     }
 }
 
@@ -619,7 +347,7 @@ impl AnonMap {
         };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("mmap of {}", fmt_size(len as u64)));
+                .with_context(|| format!("mmap of {}", format_size(len as u64)));
         }
         // 4 KiB pages like the zmem side (a huge page is swapped otherwise); advisory only.
         // SAFETY: p..p+len is the mapping just made.
@@ -638,7 +366,7 @@ impl Drop for AnonMap {
 /// The kernel-side counters around the measured phase.
 struct KernelSnap {
     stat: HashMap<String, u64>,
-    mm: super::blockdev::MmStat,
+    mm: MmStat,
 }
 
 fn kernel_snap(cg: &Path, zram: u32) -> anyhow::Result<KernelSnap> {
@@ -670,7 +398,7 @@ pub fn worker_main(a: &RegionWorkerArgs) -> anyhow::Result<()> {
         "the parent (pid {}) is gone",
         spec.parent_pid
     );
-    super::install_abort_handler();
+    crate::abort::install_abort_handler();
     if spec.fail == Some(FailAt::Start) {
         anyhow::bail!("injected failure at the start of the worker");
     }
@@ -702,9 +430,9 @@ pub fn worker_main(a: &RegionWorkerArgs) -> anyhow::Result<()> {
     cg_write(cg, "memory.limit_in_bytes", &limit.to_string())?;
     eprintln!(
         "zmem: worker: cgroup limit {} = --resident {} + the worker's own {}",
-        fmt_size(limit),
-        fmt_size(w.resident),
-        fmt_size(base_usage)
+        format_size(limit),
+        format_size(w.resident),
+        format_size(base_usage)
     );
 
     let map = AnonMap::new(usize::try_from(w.size).context("size")?)?;
@@ -810,38 +538,5 @@ fn inject(fail: Option<FailAt>) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(20));
         },
         Some(FailAt::Start) | None => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn swaps_parse() {
-        let t = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n/dev/zram0                              partition\t1048572\t\t0\t\t32767\n";
-        let s = parse_swaps(t);
-        assert_eq!(s.len(), 1);
-        assert_eq!(s[0].device, "/dev/zram0");
-        assert_eq!(s[0].priority, 32767);
-        assert!(parse_swaps("Filename Type Size Used Priority\n").is_empty());
-    }
-
-    #[test]
-    fn swap_header_layout() {
-        let h = swap_header(1000, "zmem-bench").unwrap();
-        assert_eq!(h.len(), 4096);
-        assert_eq!(&h[4086..], b"SWAPSPACE2");
-        assert_eq!(u32::from_ne_bytes(h[1024..1028].try_into().unwrap()), 1);
-        assert_eq!(u32::from_ne_bytes(h[1028..1032].try_into().unwrap()), 999);
-        assert_eq!(&h[1052..1062], b"zmem-bench");
-        assert!(swap_header(5, "x").is_err());
-    }
-
-    #[test]
-    fn memory_stat_parse() {
-        let m = parse_memory_stat("cache 4096\nrss 8192\npgmajfault 3\n");
-        assert_eq!(m["rss"], 8192);
-        assert_eq!(m["pgmajfault"], 3);
     }
 }
