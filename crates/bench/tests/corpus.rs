@@ -1,6 +1,6 @@
 use std::fs;
 
-use zmem_cli::bench::corpus::{Corpus, CorpusError};
+use zmem_bench::corpus::{Corpus, CorpusError};
 
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
@@ -75,7 +75,7 @@ fn fill_wraps_and_is_a_pure_function_of_the_offset() {
 
 #[test]
 fn real_corpus_loads_when_present() {
-    let dir = zmem_cli::cli::default_corpus();
+    let dir = zmem_bench::default_corpus();
     if !dir.exists() {
         eprintln!("skipped: no corpus at {}", dir.display());
         return;

@@ -3,10 +3,11 @@
 
 use std::sync::Mutex;
 
-use zmem_cli::bench::corpus::Corpus;
-use zmem_cli::bench::pages::{self, PagesSpec, Rw};
-use zmem_cli::bench::zram::{self, ZramSession};
-use zmem_cli::bench::{self as b, Interrupted, MemoryReport, PageTarget};
+use zmem_bench::abort::{self as b, Interrupted};
+use zmem_bench::corpus::Corpus;
+use zmem_bench::kernel::zram::{self, ZramSession};
+use zmem_bench::pages::{self, PagesSpec, Rw};
+use zmem_bench::target::{MemoryReport, PageTarget};
 
 struct Sink(Mutex<u64>);
 
@@ -61,7 +62,7 @@ fn abort_flag_interrupts_runs_and_the_zram_guard_still_restores() {
     match zram {
         Ok(mut session) => {
             session.configure("lz4", 32 << 20).unwrap();
-            let t = zmem_cli::bench::blockdev::BlockDevTarget::open(&session.device()).unwrap();
+            let t = zmem_bench::blockdev::BlockDevTarget::open(&session.device()).unwrap();
             let spec = PagesSpec {
                 size: 32 << 20,
                 ..spec

@@ -1,10 +1,11 @@
 //! ZramSession against the real /dev/zram0, only when root and the device is free.
 
-use zmem_cli::bench::blockdev::BlockDevTarget;
-use zmem_cli::bench::corpus::Corpus;
-use zmem_cli::bench::pages::{self, PagesSpec, Rw};
-use zmem_cli::bench::zram::{self, ZramError, ZramSession};
-use zmem_cli::bench::PageTarget;
+mod support;
+
+use zmem_bench::blockdev::BlockDevTarget;
+use zmem_bench::kernel::zram::{self, ZramError, ZramSession};
+use zmem_bench::pages::{self, PagesSpec, Rw};
+use zmem_bench::target::PageTarget;
 
 #[test]
 fn configure_run_and_restore_zram0() {
@@ -16,14 +17,7 @@ fn configure_run_and_restore_zram0() {
         }
         Err(e) => panic!("unexpected error: {e}"),
     };
-    let corpus = match Corpus::load(&zmem_cli::cli::default_corpus()) {
-        Ok(c) => c,
-        Err(_) => Corpus::from_bytes(
-            "synthetic",
-            (0..50_000u32).map(|i| (i % 61) as u8).collect(),
-        )
-        .unwrap(),
-    };
+    let corpus = support::real_or(|| (0..50_000u32).map(|i| (i % 61) as u8).collect());
     let size = 64u64 << 20;
     assert!(matches!(
         session.configure("no-such-alg", size),

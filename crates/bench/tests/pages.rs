@@ -1,10 +1,12 @@
 //! The page driver against an in-memory target: slicing, permutations, verification.
 
+mod support;
+
 use std::sync::Mutex;
 
-use zmem_cli::bench::corpus::Corpus;
-use zmem_cli::bench::pages::{self, PagesError, PagesSpec, Rw};
-use zmem_cli::bench::{MemoryReport, PageTarget};
+use zmem_bench::corpus::Corpus;
+use zmem_bench::pages::{self, PagesError, PagesSpec, Rw};
+use zmem_bench::target::{MemoryReport, PageTarget};
 
 struct MemTarget {
     data: Mutex<Vec<u8>>,
@@ -71,8 +73,7 @@ impl PageTarget for MemTarget {
 
 fn corpus() -> Corpus {
     // A length that is not a multiple of 4096, so pages do not line up with the corpus cycle.
-    let data: Vec<u8> = (0..10_007u32).map(|i| (i * 7 + i / 251) as u8).collect();
-    Corpus::from_bytes("synthetic", data).unwrap()
+    support::synthetic((0..10_007u32).map(|i| (i * 7 + i / 251) as u8).collect())
 }
 
 fn spec(rw: Rw, bs: usize, jobs: usize, size: u64) -> PagesSpec {

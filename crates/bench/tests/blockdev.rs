@@ -1,24 +1,19 @@
 //! BlockDevTarget over a regular file opened with O_DIRECT (works on ext4/xfs; where the file
 //! system refuses O_DIRECT the typed error is checked instead).
 
+mod support;
+
 use std::os::unix::fs::FileExt;
 
-use zmem_cli::bench::blockdev::{BlockDevError, BlockDevTarget};
-use zmem_cli::bench::corpus::Corpus;
-use zmem_cli::bench::pages::{self, PagesError, PagesSpec, Rw};
-use zmem_cli::bench::PageTarget;
+use zmem_bench::blockdev::{BlockDevError, BlockDevTarget};
+use zmem_bench::corpus::Corpus;
+use zmem_bench::pages::{self, PagesError, PagesSpec, Rw};
+use zmem_bench::target::PageTarget;
 
 const SIZE: u64 = 8 << 20;
 
 fn corpus() -> Corpus {
-    let dir = zmem_cli::cli::default_corpus();
-    match Corpus::load(&dir) {
-        Ok(c) => c,
-        Err(_) => {
-            let data: Vec<u8> = (0..100_003u32).map(|i| (i ^ (i >> 5)) as u8).collect();
-            Corpus::from_bytes("synthetic", data).unwrap()
-        }
-    }
+    support::real_or(|| (0..100_003u32).map(|i| (i ^ (i >> 5)) as u8).collect())
 }
 
 /// Opens an 8 MiB file; None (after checking the typed error) if O_DIRECT is refused.
@@ -91,7 +86,7 @@ fn corrupted_block_on_disk_is_reported() {
     };
     pages::run(&t, &c, &write).unwrap();
     // Corrupt block 14 (in the read-back sample) behind the target's back, then read it back.
-    let mut buf = zmem_cli::bench::AlignedBuf::new(4096);
+    let mut buf = zmem_bench::target::AlignedBuf::new(4096);
     t.read_at(14 * 4096, &mut buf).unwrap();
     buf[100] ^= 0xff;
     t.write_at(14 * 4096, &buf).unwrap();
@@ -119,7 +114,7 @@ fn corrupted_block_on_disk_is_reported() {
 fn unaligned_io_is_refused() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let Some(t) = open(&dir) else { return };
-    let mut buf = zmem_cli::bench::AlignedBuf::new(8192);
+    let mut buf = zmem_bench::target::AlignedBuf::new(8192);
     assert!(t.read_at(100, &mut buf[..4096]).is_err());
     assert!(t.read_at(0, &mut buf[1..4097]).is_err());
     assert!(t.write_at(SIZE, &buf[..4096]).is_err(), "past the end");
