@@ -8,12 +8,12 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::blockdev::BlockDevTarget;
-use crate::corpus::Corpus;
+use crate::corpus::{default_corpus, Corpus};
 use crate::kernel::zram::ZramSession;
 use crate::pages::{self, PagesResult, PagesSpec, Rw};
 use crate::report::{corpus_info, text_table, write_json, MachineInfo};
+use crate::target::POLICIES;
 use crate::zmem_target::{self, ZmemTargetConfig};
-use crate::{default_corpus, POLICIES};
 use clap::Args;
 use std::path::PathBuf;
 use zmem_runenv::size::{format_size, parse_size, parse_size_usize};

@@ -146,3 +146,16 @@ impl Corpus {
         None
     }
 }
+
+/// Corpus directories tried in order when --corpus is not given.
+pub const DEFAULT_CORPORA: [&str; 2] =
+    ["../shared/corpora/calgary", "/work/shared/corpora/calgary"];
+
+/// The first of [`DEFAULT_CORPORA`] that exists (the first one if none does, so the error names it).
+pub fn default_corpus() -> PathBuf {
+    DEFAULT_CORPORA
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CORPORA[0]))
+}

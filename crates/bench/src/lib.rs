@@ -28,25 +28,10 @@ pub mod redis;
 pub mod region;
 pub mod zmem_target;
 
-use std::path::PathBuf;
-
 use clap::Subcommand;
 
-/// zmem policy names.
-pub const POLICIES: [&str; 4] = ["fast", "balanced", "max", "auto"];
-
-/// Corpus directories tried in order when --corpus is not given.
-pub const DEFAULT_CORPORA: [&str; 2] =
-    ["../shared/corpora/calgary", "/work/shared/corpora/calgary"];
-
-/// The first of [`DEFAULT_CORPORA`] that exists (the first one if none does, so the error names it).
-pub fn default_corpus() -> PathBuf {
-    DEFAULT_CORPORA
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CORPORA[0]))
-}
+pub use corpus::{default_corpus, DEFAULT_CORPORA};
+pub use target::POLICIES;
 
 /// `zmem bench ...`.
 #[derive(Debug, Subcommand)]

@@ -12,17 +12,14 @@ use serde::Serialize;
 
 use crate::abort::{aborted, Interrupted};
 use crate::blockdev::{zram_index, BlockDevError, BlockDevTarget};
-use crate::corpus::Corpus;
+use crate::corpus::{default_corpus, Corpus};
 use crate::kernel::zram::ZramSession;
-use crate::report::progress_bar;
-use crate::report::{corpus_info, write_json, MachineInfo};
-use crate::target::{ratio as ratio_of, AlignedBuf, MemoryReport, PageTarget, PAGE};
+use crate::report::{corpus_info, progress_bar, write_json, MachineInfo};
+use crate::target::{ratio as ratio_of, AlignedBuf, MemoryReport, PageTarget, PAGE, POLICIES};
 use crate::zmem_target::{self, ZmemTargetConfig};
-use crate::{default_corpus, POLICIES};
 use clap::Args;
 use std::path::{Path, PathBuf};
-use zmem_runenv::size::format_size;
-use zmem_runenv::size::{parse_size, parse_size_usize};
+use zmem_runenv::size::{format_size, parse_size, parse_size_usize};
 
 #[derive(Debug, Clone, Args)]
 pub struct PagesArgs {

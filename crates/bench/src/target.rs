@@ -7,6 +7,9 @@ use std::ptr::NonNull;
 
 use serde::Serialize;
 
+/// zmem policy names.
+pub const POLICIES: [&str; 4] = ["fast", "balanced", "max", "auto"];
+
 /// One thing the page benchmark can drive: the kernel's zram (a block device) or a zmem page store.
 pub trait PageTarget: Send + Sync {
     /// e.g. "zram0 lz4", "zmem balanced".

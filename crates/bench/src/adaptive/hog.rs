@@ -9,9 +9,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use zmem_region::budget::read_mem_available;
 
-use super::parse_duration;
-use super::HogState;
-use super::HOG_FLOOR;
+use super::{parse_duration, HogState, HOG_FLOOR};
 use crate::target::PAGE;
 use zmem_runenv::size::{format_size_mg, parse_size};
 

@@ -5,8 +5,7 @@ use std::path::Path;
 use anyhow::Context;
 use plotters::prelude::*;
 
-use super::Report;
-use super::MIB;
+use super::{Report, MIB};
 use zmem_runenv::size::{format_size, format_size_mg};
 
 /// Budget, resident (left axis) and MemAvailable with the reserve (right axis) against time,

@@ -8,23 +8,14 @@ use zmem_engine::Policy;
 use zmem_region::budget::read_machine;
 use zmem_region::{AdaptiveConfig, Budget, Region, RegionConfig, RegionStats};
 
-use super::check_args;
 use super::hog::HogGuard;
-use super::plan;
 use super::plot::plot;
-use super::AdaptiveArgs;
-use super::DecisionOut;
-use super::HogState;
-use super::PhaseOut;
-use super::Plan;
-use super::Report;
-use super::Sample;
-use super::Summary;
-use super::REGROWN;
-use super::SAMPLE;
+use super::{
+    check_args, plan, AdaptiveArgs, DecisionOut, HogState, PhaseOut, Plan, Report, Sample, Summary,
+    REGROWN, SAMPLE,
+};
 use crate::abort::{aborted, Interrupted};
-use crate::corpus::Corpus;
-use crate::default_corpus;
+use crate::corpus::{default_corpus, Corpus};
 use crate::report::{corpus_info, write_json, MachineInfo};
 use crate::target::PAGE;
 use crate::workload::{small_rng, Zipf};
@@ -524,8 +515,7 @@ pub(super) fn summary_text(plan: &Plan, s: &Summary) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adaptive::GIB;
-    use crate::adaptive::MIB;
+    use crate::adaptive::{GIB, MIB};
     use std::path::PathBuf;
     use std::time::Duration;
 

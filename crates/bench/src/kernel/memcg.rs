@@ -31,6 +31,28 @@ pub fn bench_cgroups() -> Vec<PathBuf> {
         .collect()
 }
 
+/// Whether the cgroup v1 memory controller is mounted at [`MEMCG_ROOT`].
+pub fn memcg_v1_available() -> bool {
+    Path::new(MEMCG_ROOT).join("cgroup.procs").exists()
+}
+
+/// Prints a note for each benchmark cgroup left by a run whose process is gone.
+pub fn note_leftover_cgroups() {
+    for old in bench_cgroups() {
+        let pid = old
+            .file_name()
+            .and_then(|n| n.to_str()?.strip_prefix(CGROUP_PREFIX)?.parse::<u32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            eprintln!(
+                "zmem: note: {} is left from an earlier run that did not clean up; remove it \
+                 with: rmdir {}",
+                old.display(),
+                old.display()
+            );
+        }
+    }
+}
+
 /// A cgroup v1 memory cgroup that exists for as long as the guard lives.
 #[derive(Debug)]
 pub struct MemCgroup {

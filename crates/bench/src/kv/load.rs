@@ -17,21 +17,15 @@ use crate::process::describe_status;
 use crate::report::progress_bar;
 use zmem_runenv::size::{format_mib, format_size};
 
-use super::client::Conn;
-use super::client::KvError;
-use super::client::Protocol;
-use super::client::Watch;
+use super::client::{Conn, KvError, Protocol, Watch};
 use super::plan::Plan;
-use super::report::Step;
-use super::report::Stop;
-use super::run::{read_u64, Guards, HardError};
-use super::server::Server;
-use super::server::ServerSpec;
-use super::server::ZramWatchdog;
+use super::report::{Step, Stop};
+use super::server::{Server, ServerSpec, StatPoller, ZramWatchdog};
 use super::values::{key, key_string, mix, Values};
-use super::KvConfig;
-use super::VALUE_MAX;
-use super::VALUE_MIN;
+use super::{KvConfig, VALUE_MAX, VALUE_MIN};
+use crate::kernel::memcg::MemCgroup;
+use crate::kernel::swap::SwapOn;
+use crate::kernel::zram::ZramSession;
 
 /// The steps of one configuration until it ends; Err for an interrupt or a hard error.
 pub(super) fn load_loop(
@@ -446,4 +440,33 @@ pub(super) fn get_phase(
             .collect()
     });
     worst(errs)
+}
+
+/// An error that fails the whole run (a wrong value, a protocol error): a bug, not an end.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct HardError(pub String);
+
+/// Guards of one configuration, dropped in reverse order: server, poller, cgroup, swap, zram.
+#[derive(Default)]
+pub(super) struct Guards {
+    pub(super) zram: Option<ZramSession>,
+    pub(super) swap: Option<SwapOn>,
+    pub(super) cgroup: Option<MemCgroup>,
+    pub(super) poller: Option<StatPoller>,
+    pub(super) server: Option<Server>,
+}
+
+impl Drop for Guards {
+    fn drop(&mut self) {
+        drop(self.server.take());
+        drop(self.poller.take());
+        drop(self.cgroup.take());
+        drop(self.swap.take());
+        drop(self.zram.take());
+    }
+}
+
+pub(super) fn read_u64(p: &Path) -> Option<u64> {
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }

@@ -39,7 +39,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
-use crate::POLICIES;
+use crate::target::POLICIES;
 use zmem_runenv::size::parse_size;
 
 const MIB: u64 = 1 << 20;

@@ -9,11 +9,7 @@ use serde::Serialize;
 use zmem_runenv::size::format_size;
 
 use super::server::ServerSpec;
-use super::KvArgs;
-use super::KvConfig;
-use super::MIB;
-use super::VALUE_MAX;
-use super::VALUE_MIN;
+use super::{KvArgs, KvConfig, MIB, VALUE_MAX, VALUE_MIN};
 
 /// The run's parameters after validation.
 #[derive(Clone, Debug, Serialize)]

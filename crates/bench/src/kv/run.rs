@@ -6,8 +6,7 @@ use std::time::Instant;
 use anyhow::Context;
 
 use crate::abort::{aborted, Interrupted};
-use crate::corpus::Corpus;
-use crate::default_corpus;
+use crate::corpus::{default_corpus, Corpus};
 use crate::kernel::memcg::{oom_kills, MemCgroup, CGROUP_PREFIX, MEMCG_ROOT};
 use crate::kernel::swap::{swaps, SwapOn, SWAP_PRIORITY};
 use crate::kernel::zram::{self, ZramSession, ZRAM_INDEX};
@@ -15,26 +14,15 @@ use crate::process::{describe_status, ScratchDir};
 use crate::report::{corpus_info, write_json, MachineInfo};
 use zmem_runenv::size::{format_mib, format_size};
 
-use super::load::load_loop;
+use super::load::{load_loop, Guards, HardError};
 use super::plan::Plan;
-use super::report::plot;
-use super::report::ratio_lines;
-use super::report::ratios;
-use super::report::step_table;
-use super::report::stop_str;
-use super::report::summary_table;
-use super::report::ConfigResult;
-use super::report::Skipped;
-use super::server::free_port;
-use super::server::Server;
-use super::server::ServerSpec;
-use super::server::StatPoller;
-use super::setup::check_machine;
-use super::setup::precheck;
+use super::report::{
+    plot, ratio_lines, ratios, step_table, stop_str, summary_table, ConfigResult, Skipped,
+};
+use super::server::{free_port, Server, ServerSpec, StatPoller};
+use super::setup::{check_machine, precheck};
 use super::values::Values;
-use super::KvArgs;
-use super::KvConfig;
-use super::MIB;
+use super::{KvArgs, KvConfig, MIB};
 use crate::kernel::memcg::cg_write;
 
 /// `zmem bench redis` / `zmem bench memcached`.
@@ -199,35 +187,6 @@ pub(super) fn server_log_path(json: &Path, c: KvConfig) -> PathBuf {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "kv".into());
     json.with_file_name(format!("{stem}-{}-server.log", c.as_str()))
-}
-
-/// An error that fails the whole run (a wrong value, a protocol error): a bug, not an end.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct HardError(pub String);
-
-/// Guards of one configuration, dropped in reverse order: server, poller, cgroup, swap, zram.
-#[derive(Default)]
-pub(super) struct Guards {
-    pub(super) zram: Option<ZramSession>,
-    pub(super) swap: Option<SwapOn>,
-    pub(super) cgroup: Option<MemCgroup>,
-    pub(super) poller: Option<StatPoller>,
-    pub(super) server: Option<Server>,
-}
-
-impl Drop for Guards {
-    fn drop(&mut self) {
-        drop(self.server.take());
-        drop(self.poller.take());
-        drop(self.cgroup.take());
-        drop(self.swap.take());
-        drop(self.zram.take());
-    }
-}
-
-pub(super) fn read_u64(p: &Path) -> Option<u64> {
-    std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }
 
 /// Runs one configuration and restores the machine.

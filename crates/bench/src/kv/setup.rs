@@ -1,17 +1,16 @@
 //! What a run of `bench redis`/`memcached` checks first: the server binary, the machine, each configuration.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::kernel::memcg::{bench_cgroups, CGROUP_PREFIX, MEMCG_ROOT};
+use crate::kernel::memcg::MEMCG_ROOT;
 use crate::kernel::zram::{ZramSession, ZRAM_INDEX};
 use crate::process::describe_status;
 
 use super::plan::Plan;
 use super::server::ServerSpec;
-use super::KvConfig;
-use super::START_TIMEOUT;
+use super::{KvConfig, START_TIMEOUT};
+use crate::kernel::memcg::{memcg_v1_available, note_leftover_cgroups};
 
 /// Root and the cgroup v1 memory controller: without them nothing can run.
 pub(super) fn check_machine() -> anyhow::Result<()> {
@@ -22,22 +21,10 @@ pub(super) fn check_machine() -> anyhow::Result<()> {
         "this benchmark needs root (memory cgroups, swapon, /dev/zram0); running as uid {uid}"
     );
     anyhow::ensure!(
-        Path::new(MEMCG_ROOT).join("cgroup.procs").exists(),
+        memcg_v1_available(),
         "no cgroup v1 memory controller at {MEMCG_ROOT} (cgroup v2 is not supported yet)"
     );
-    for old in bench_cgroups() {
-        let pid = old
-            .file_name()
-            .and_then(|n| n.to_str()?.strip_prefix(CGROUP_PREFIX)?.parse::<u32>().ok());
-        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-            eprintln!(
-                "zmem: note: {} is left from an earlier run that did not clean up; remove it \
-                 with: rmdir {}",
-                old.display(),
-                old.display()
-            );
-        }
-    }
+    note_leftover_cgroups();
     Ok(())
 }
 

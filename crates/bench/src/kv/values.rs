@@ -2,8 +2,7 @@
 
 use std::io::Write;
 
-use super::VALUE_MAX;
-use super::VALUE_MIN;
+use super::{VALUE_MAX, VALUE_MIN};
 use crate::corpus::Corpus;
 
 pub(super) fn mix(mut x: u64) -> u64 {

@@ -17,7 +17,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use zmem_region::Eviction;
 
-use crate::POLICIES;
+use crate::target::POLICIES;
 use zmem_runenv::size::{format_size, parse_size};
 
 /// Bytes of a page: the unit of every access.

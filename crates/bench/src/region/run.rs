@@ -10,8 +10,7 @@ use super::driver::{run_workload, Driver, FaultCounter, Lat, Mem};
 use super::report::{eviction_line, plot, side_table};
 use super::side::{EvictionComparison, MemoryUse, SideResult, Skipped};
 use super::{EvictionArg, RegionArgs, Workload};
-use crate::corpus::Corpus;
-use crate::default_corpus;
+use crate::corpus::{default_corpus, Corpus};
 use crate::report::{corpus_info, write_json, MachineInfo};
 use zmem_runenv::size::format_size;
 

@@ -31,9 +31,9 @@ use super::{FailAt, RegionArgs, RegionWorkerArgs, Workload};
 use crate::abort::{aborted, Interrupted};
 use crate::corpus::Corpus;
 use crate::kernel::memcg::{
-    bench_cgroups, cg_read_u64, cg_write, memory_stat, oom_kills, MemCgroup, CGROUP_PREFIX,
-    MEMCG_ROOT, STAT_POLL,
+    cg_read_u64, cg_write, memory_stat, oom_kills, MemCgroup, CGROUP_PREFIX, MEMCG_ROOT, STAT_POLL,
 };
+use crate::kernel::memcg::{memcg_v1_available, note_leftover_cgroups};
 use crate::kernel::swap::{swaps, SwapOn, SWAP_PRIORITY};
 use crate::kernel::zram::{self, parse_mm_stat, MmStat, ZramError, ZramSession, ZRAM_INDEX};
 use crate::process::{self, signal_name};
@@ -75,24 +75,12 @@ pub fn run_kernel(
             "the kernel side needs root (a memory cgroup, swapon, /dev/zram0); running as uid {uid}"
         )));
     }
-    if !Path::new(MEMCG_ROOT).join("cgroup.procs").exists() {
+    if !memcg_v1_available() {
         return Ok(KernelOutcome::Skipped(format!(
             "no cgroup v1 memory controller at {MEMCG_ROOT} (cgroup v2 is not supported yet)"
         )));
     }
-    for old in bench_cgroups() {
-        let pid = old
-            .file_name()
-            .and_then(|n| n.to_str()?.strip_prefix(CGROUP_PREFIX)?.parse::<u32>().ok());
-        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-            eprintln!(
-                "zmem: note: {} is left from an earlier run that did not clean up; \
-                 remove it with: rmdir {}",
-                old.display(),
-                old.display()
-            );
-        }
-    }
+    note_leftover_cgroups();
     let swaps_before = swaps()?;
     let mut session = match ZramSession::acquire(ZRAM_INDEX) {
         Ok(s) => s,
