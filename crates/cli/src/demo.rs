@@ -6,16 +6,13 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::bench::corpus::Corpus;
-use crate::bench::pages::{self, PagesSpec, Rw};
-use crate::bench::zmem_target::{self, ZmemTargetConfig};
-use crate::bench::{fmt_size, install_abort_handler};
+use zmem_bench::abort::install_abort_handler;
+use zmem_bench::corpus::Corpus;
+use zmem_bench::default_corpus;
+use zmem_bench::pages::{self, PagesSpec, Rw};
+use zmem_bench::zmem_target::{self, ZmemTargetConfig};
 
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
-}
-use crate::cli::default_corpus;
-use crate::size::parse_size;
+use crate::size::{format_mib_1 as mib, format_size as fmt_size, parse_size};
 
 /// What the demo shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -35,7 +32,7 @@ pub struct DemoArgs {
     #[arg(long, value_parser = parse_size, default_value = "32M")]
     pub resident: u64,
     /// Compression policy of redis's heap in `zmem demo redis`.
-    #[arg(long, default_value = "balanced", value_parser = crate::cli::POLICIES)]
+    #[arg(long, default_value = "balanced", value_parser = zmem_bench::POLICIES)]
     pub policy: String,
     /// Bytes of corpus data to store per policy, or in redis (k, m, g suffixes).
     #[arg(long, value_parser = parse_size, default_value = "256M")]

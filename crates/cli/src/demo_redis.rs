@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::bench::corpus::Corpus;
-use crate::bench::redis::command;
-use crate::run::{human, query, table};
+use zmem_bench::corpus::Corpus;
+use zmem_bench::redis::command;
+
+use crate::run::{query, table};
+use crate::size::format_size_approx as human;
 
 /// Values of about 4000 bytes, so jemalloc/mimalloc size classes do not inflate the ratio.
 const VALUE: usize = 4000;

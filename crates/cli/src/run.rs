@@ -18,8 +18,7 @@ use zmem_engine::Policy;
 use zmem_region::{Budget, Eviction, Region, RegionConfig, MIN_BUDGET_PAGES, PAGE};
 use zmem_runenv::{OnError, ProcessStats, RunConfig};
 
-use crate::bench::fmt_size;
-use crate::size::parse_size;
+use crate::size::{format_size as fmt_size, format_size_approx as human, parse_size};
 
 /// The preload library's file name.
 pub const PRELOAD_LIB: &str = "libzmem_preload.so";
@@ -48,7 +47,7 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_size)]
     pub store_limit: Option<u64>,
     /// Compression policy: fast (lz4), balanced (zstd-1), max (zstd, blocks), auto.
-    #[arg(long, default_value = "fast", value_parser = crate::cli::POLICIES)]
+    #[arg(long, default_value = "fast", value_parser = zmem_bench::POLICIES)]
     pub policy: String,
     /// Which pages leave DRAM first.
     #[arg(long, value_enum, default_value = "clock")]
@@ -579,27 +578,6 @@ fn summary(name: &str, pid: u32, r: &RunReport) -> String {
     out
 }
 
-/// Sizes as zramctl prints them: 1.5G, 300M, 12K.
-pub fn human(n: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [
-        (1 << 40, "T"),
-        (1 << 30, "G"),
-        (1 << 20, "M"),
-        (1 << 10, "K"),
-    ];
-    for (unit, s) in UNITS {
-        if n >= unit {
-            let v = n as f64 / unit as f64;
-            return if v >= 100.0 || (v - v.round()).abs() < 0.05 {
-                format!("{:.0}{s}", v)
-            } else {
-                format!("{v:.1}{s}")
-            };
-        }
-    }
-    format!("{n}B")
-}
-
 #[derive(Debug, Args)]
 pub struct StatArgs {
     /// Process id of a program running under zmem.
@@ -681,14 +659,6 @@ mod tests {
         h[4] = 2;
         h[5] = 1;
         assert_eq!(elf_has_interpreter(&h), Some(false));
-    }
-
-    #[test]
-    fn human_sizes() {
-        assert_eq!(human(0), "0B");
-        assert_eq!(human(4096), "4K");
-        assert_eq!(human(1536 << 20), "1.5G");
-        assert_eq!(human(300 << 20), "300M");
     }
 
     #[test]

@@ -2,37 +2,11 @@
 //! and gives it back: the adaptive budget must fall while the hog holds its memory and rise
 //! again after.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod support;
+
+use support::{corpus, fails_with, read_json, zmem};
 
 const GIB: u64 = 1 << 30;
-
-fn zmem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zmem"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("running zmem")
-}
-
-/// Exit status 2 and exactly one stderr line `zmem: error: ...` containing `needle`.
-fn fails_with(args: &[&str], needle: &str) {
-    let out = zmem(args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr:?}");
-    assert!(lines[0].starts_with("zmem: error: "), "{stderr:?}");
-    assert!(
-        lines[0].contains(needle),
-        "{args:?}: {stderr:?} lacks {needle:?}"
-    );
-}
-
-fn corpus() -> Option<String> {
-    let c = zmem_cli::cli::default_corpus();
-    c.exists().then(|| c.display().to_string())
-}
 
 fn mem_available() -> Option<u64> {
     zmem_region::budget::read_mem_available().ok()
@@ -100,11 +74,6 @@ fn bad_input_is_one_line_and_exit_2() {
         ],
         "--take 1024G is too large",
     );
-}
-
-fn read_json(p: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).unwrap()
 }
 
 #[test]

@@ -4,39 +4,17 @@
 //! after an interrupt. The `zmem` configuration runs when this build has `zmem run`, and fails
 //! with a clear message otherwise.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
+mod support;
+
+use support::{
+    corpus, fails_with, machine_state, read_json, tmpdir, zmem, MachineState, KERNEL, MEMCG,
+};
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The root tests share /dev/zram0 and the machine's memory: one at a time.
-static KERNEL: Mutex<()> = Mutex::new(());
-
-const MEMCG: &str = "/sys/fs/cgroup/memory";
 const MIB: u64 = 1 << 20;
-
-fn zmem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zmem"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("running zmem")
-}
-
-/// Exit status 2 and exactly one stderr line `zmem: error: ...` containing `needle`.
-fn fails_with(args: &[&str], needle: &str) {
-    let out = zmem(args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr:?}");
-    assert!(lines[0].starts_with("zmem: error: "), "{stderr:?}");
-    assert!(
-        lines[0].contains(needle),
-        "{args:?}: {stderr:?} lacks {needle:?}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
-}
 
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
@@ -106,55 +84,6 @@ fn help_lists_the_flags() {
     assert!(s.contains("redis") && s.contains("memcached"), "{s}");
 }
 
-fn corpus() -> Option<String> {
-    let c = zmem_cli::cli::default_corpus();
-    c.exists().then(|| c.display().to_string())
-}
-
-fn tmpdir() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
-}
-
-fn read_json(p: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).unwrap()
-}
-
-/// What a run may change, captured before and compared after.
-#[derive(Debug, PartialEq)]
-struct MachineState {
-    swaps: Vec<String>,
-    cgroups: Vec<PathBuf>,
-    zram0_disksize: String,
-}
-
-fn machine_state() -> MachineState {
-    let swaps = std::fs::read_to_string("/proc/swaps")
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
-        .collect();
-    let mut cgroups: Vec<PathBuf> = std::fs::read_dir(MEMCG)
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("zmem-bench-"))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default();
-    cgroups.sort();
-    let zram0_disksize = std::fs::read_to_string("/sys/block/zram0/disksize")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    MachineState {
-        swaps,
-        cgroups,
-        zram0_disksize,
-    }
-}
-
 fn in_path(bin: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
@@ -182,7 +111,7 @@ fn real_run_possible(bin: &str, zram: bool) -> Option<(String, MachineState)> {
         return None;
     };
     let s = machine_state();
-    if zram && (s.zram0_disksize != "0" || s.swaps.iter().any(|d| d == "/dev/zram0")) {
+    if zram && (s.zram0_disksize != "0" || s.swaps.iter().any(|(d, _)| d == "/dev/zram0")) {
         eprintln!("skipped: /dev/zram0 is missing or in use ({s:?})");
         return None;
     }

@@ -2,52 +2,15 @@
 //! after a run, a failing worker or an interrupt, the machine is as it was (swap devices, no
 //! benchmark cgroup, zram0 reset).
 
+mod support;
+
+use support::{
+    corpus, fails_with, machine_state, read_json, tmpdir, zmem, MachineState, KERNEL, MEMCG,
+};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The kernel-side tests share /dev/zram0: one at a time.
-static KERNEL: Mutex<()> = Mutex::new(());
-
-const MEMCG: &str = "/sys/fs/cgroup/memory";
-
-fn zmem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zmem"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("running zmem")
-}
-
-/// Exit status 2 and exactly one stderr line `zmem: error: ...` containing `needle`.
-fn fails_with(args: &[&str], needle: &str) {
-    let out = zmem(args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr:?}");
-    assert!(lines[0].starts_with("zmem: error: "), "{stderr:?}");
-    assert!(
-        lines[0].contains(needle),
-        "{args:?}: {stderr:?} lacks {needle:?}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
-}
-
-fn corpus() -> Option<String> {
-    let c = zmem_cli::cli::default_corpus();
-    c.exists().then(|| c.display().to_string())
-}
-
-fn tmpdir() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
-}
-
-fn read_json(p: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).unwrap()
-}
 
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
@@ -260,45 +223,6 @@ fn tiny_eviction_comparison() {
     assert!(e["clock_faults_per_access"].as_f64().unwrap() > 0.0, "{e}");
     assert!(e["fifo_faults_per_access"].as_f64().unwrap() > 0.0, "{e}");
     assert!(e["reduction_pct"].as_f64().is_some(), "{e}");
-}
-
-/// What the kernel side may change, captured before and compared after.
-#[derive(Debug, PartialEq)]
-struct MachineState {
-    /// (device, priority) of every swap device.
-    swaps: Vec<(String, String)>,
-    cgroups: Vec<PathBuf>,
-    zram0_disksize: String,
-}
-
-fn machine_state() -> MachineState {
-    let swaps = std::fs::read_to_string("/proc/swaps")
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f[0].to_string(), f.get(4).unwrap_or(&"").to_string())
-        })
-        .collect();
-    let mut cgroups: Vec<PathBuf> = std::fs::read_dir(MEMCG)
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("zmem-bench-"))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default();
-    cgroups.sort();
-    let zram0_disksize = std::fs::read_to_string("/sys/block/zram0/disksize")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    MachineState {
-        swaps,
-        cgroups,
-        zram0_disksize,
-    }
 }
 
 /// None (with the reason printed) when the kernel side cannot run here.

@@ -1,37 +1,8 @@
 //! The built binary on bad input: non-zero exit, one line `zmem: error: ...` on stderr.
 
-use std::process::{Command, Output};
+mod support;
 
-fn zmem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zmem"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("running zmem")
-}
-
-/// Asserts a failure with exit status 2 and exactly one stderr line containing `needle`.
-fn fails_with(args: &[&str], needle: &str) -> String {
-    let out = zmem(args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr:?}");
-    assert!(lines[0].starts_with("zmem: error: "), "{stderr:?}");
-    assert!(
-        lines[0].contains(needle),
-        "{args:?}: {stderr:?} lacks {needle:?}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
-}
-
-fn corpus_args() -> Vec<String> {
-    vec![
-        "--corpus".into(),
-        zmem_cli::cli::default_corpus().display().to_string(),
-    ]
-}
+use support::{corpus_args, fails_with, zmem};
 
 #[test]
 fn unknown_rw() {

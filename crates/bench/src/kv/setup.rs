@@ -1,0 +1,120 @@
+//! What a run of `bench redis`/`memcached` checks first: the server binary, the machine, each configuration.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::kernel::memcg::MEMCG_ROOT;
+use crate::kernel::zram::{ZramSession, ZRAM_INDEX};
+use crate::process::describe_status;
+
+use super::plan::Plan;
+use super::server::ServerSpec;
+use super::{KvConfig, START_TIMEOUT};
+use crate::kernel::memcg::{memcg_v1_available, note_leftover_cgroups};
+
+/// Root and the cgroup v1 memory controller: without them nothing can run.
+pub(super) fn check_machine() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    anyhow::ensure!(
+        uid == 0,
+        "this benchmark needs root (memory cgroups, swapon, /dev/zram0); running as uid {uid}"
+    );
+    anyhow::ensure!(
+        memcg_v1_available(),
+        "no cgroup v1 memory controller at {MEMCG_ROOT} (cgroup v2 is not supported yet)"
+    );
+    note_leftover_cgroups();
+    Ok(())
+}
+
+/// Why a configuration cannot run here (checked before anything runs).
+pub(super) fn precheck(c: KvConfig, plan: &Plan, spec: &ServerSpec) -> Result<(), String> {
+    match c {
+        KvConfig::Noswap => Ok(()),
+        KvConfig::Zram => ZramSession::acquire(ZRAM_INDEX)
+            .map(drop)
+            .map_err(|e| e.to_string()),
+        KvConfig::Zmem => zmem_run_available(plan, spec),
+    }
+}
+
+/// Flags of `zmem run` this benchmark passes.
+pub(super) const ZMEM_RUN_FLAGS: [&str; 4] = ["--resident", "--store-limit", "--size", "--quiet"];
+
+/// Whether this binary has `zmem run` with the flags used here, and it runs the server.
+pub(super) fn zmem_run_available(plan: &Plan, spec: &ServerSpec) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating the zmem binary: {e}"))?;
+    let out = Command::new(&exe)
+        .args(["run", "--help"])
+        .stdin(Stdio::null())
+        .env_remove("RUST_LOG")
+        .output()
+        .map_err(|e| format!("running {} run --help: {e}", exe.display()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let first = err.lines().next().unwrap_or("").trim();
+        return Err(format!(
+            "`zmem run` is not available in this build ({} run --help: {first}); \
+             choose --configs noswap,zram",
+            exe.display()
+        ));
+    }
+    let help = String::from_utf8_lossy(&out.stdout);
+    let missing: Vec<&str> = ZMEM_RUN_FLAGS
+        .iter()
+        .copied()
+        .filter(|f| !help.contains(f))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "`zmem run` lacks {} (its --help does not list them)",
+            missing.join(", ")
+        ));
+    }
+    // The whole chain once (the preload library found, the server preloadable, userfaultfd):
+    // the server prints its version under `zmem run` and exits.
+    let mut child = Command::new(&exe)
+        .args(["run", "--quiet", "--resident", "16M", "--"])
+        .arg(&plan.server_bin)
+        .arg(spec.version_arg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .env_remove("RUST_LOG")
+        .spawn()
+        .map_err(|e| format!("running {} run: {e}", exe.display()))?;
+    let t0 = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if t0.elapsed() < START_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "`zmem run -- {} {}` did not finish within {} s",
+                    plan.server_bin.display(),
+                    spec.version_arg,
+                    START_TIMEOUT.as_secs()
+                ));
+            }
+        }
+    };
+    if !status.success() {
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        let err = err.split_whitespace().collect::<Vec<_>>().join(" ");
+        return Err(format!(
+            "`zmem run -- {} {}` failed ({}): {err}",
+            plan.server_bin.display(),
+            spec.version_arg,
+            describe_status(status)
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! What every benchmark reports through: the JSON file (with the machine and the corpus), text
+//! tables, progress bars. Imports nothing from the benchmarks.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::corpus::Corpus;
+
+/// Machine facts recorded in every JSON.
+#[derive(Clone, Debug, Serialize)]
+pub struct MachineInfo {
+    pub nproc: usize,
+    pub cpu_model: String,
+    pub kernel: String,
+}
+
+impl MachineInfo {
+    pub fn collect() -> Self {
+        let nproc = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        MachineInfo {
+            nproc,
+            cpu_model,
+            kernel: kernel_release(),
+        }
+    }
+}
+
+fn kernel_release() -> String {
+    // SAFETY: utsname is plain old data; uname fills it and returns 0 on success.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: &mut uts is a valid pointer to a utsname.
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return "unknown".into();
+    }
+    let field = |f: &[libc::c_char]| {
+        let bytes: Vec<u8> = f
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    format!(
+        "{} {} {}",
+        field(&uts.sysname),
+        field(&uts.release),
+        field(&uts.machine)
+    )
+}
+
+/// Whether progress bars should be drawn (stderr is a terminal).
+pub fn progress_enabled() -> bool {
+    std::io::stderr().is_terminal()
+}
+
+/// A progress bar over `total` bytes on a terminal; hidden otherwise.
+pub fn progress_bar(total: u64, msg: String) -> indicatif::ProgressBar {
+    if !progress_enabled() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{msg:32} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    ) {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(msg);
+    pb
+}
+
+/// The corpus as recorded in JSON.
+pub fn corpus_info(corpus: &Corpus) -> serde_json::Value {
+    serde_json::json!({
+        "dir": corpus.dir().display().to_string(),
+        "bytes": corpus.len(),
+        "files": corpus.files().len(),
+    })
+}
+
+/// Writes pretty JSON to `path` (through path.json.tmp and a rename), creating parent folders.
+pub fn write_json(path: &Path, value: &serde_json::Value) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(&tmp, text + "\n").with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+/// Plain text table: first column left-aligned, the others right-aligned.
+pub fn text_table(header: &[String], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < w.len() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+    }
+    let line = |r: &[String]| {
+        r.iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let width = w.get(i).copied().unwrap_or(0);
+                if i == 0 {
+                    format!("{c:<width$}")
+                } else {
+                    format!("{c:>width$}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let mut out = line(header);
+    out.push('\n');
+    out.push_str(&"-".repeat(out.chars().count().saturating_sub(1)));
+    for r in rows {
+        out.push('\n');
+        out.push_str(&line(r));
+    }
+    out
+}
