@@ -3,8 +3,9 @@
 //!
 //! Shared modules (they import nothing from the benchmarks): [`abort`] (Ctrl-C as a flag),
 //! [`target`] (what the page benchmark drives), [`corpus`], [`report`] (JSON, tables, progress),
-//! [`workload`] (the zipf sampler, seeded generators), [`process`] (child processes and scratch
-//! directories cleaned up on drop) and [`kernel`] (zram, swap and memory cgroup guards).
+//! [`process`] (child processes and scratch directories cleaned up on drop) and [`kernel`] (zram,
+//! swap and memory cgroup guards). The zipf sampler and the seeded generators are the
+//! zmem-workload crate, shared with the region's policy simulator.
 //!
 //! Benchmarks: [`pages`] (with its targets [`blockdev`] and [`zmem_target`]), [`compare`],
 //! [`codecs`], [`region`], [`adaptive`], [`kv`] (with [`redis`] and [`memcached`]).
@@ -15,7 +16,6 @@ pub mod kernel;
 pub mod process;
 pub mod report;
 pub mod target;
-pub mod workload;
 
 pub mod adaptive;
 pub mod blockdev;

@@ -54,7 +54,7 @@ pub(crate) fn ratio(a: u64, b: u64) -> Option<f64> {
 }
 
 /// Page alignment required by O_DIRECT and promised by [`PageTarget`].
-pub const PAGE: usize = 4096;
+pub use zmem_os::PAGE_SIZE as PAGE;
 
 /// A zeroed, 4096-aligned heap buffer.
 pub struct AlignedBuf {

@@ -22,7 +22,7 @@ struct ZmemTarget {
     name: String,
 }
 
-const PAGE: u64 = zmem_codec::PAGE_SIZE as u64;
+const PAGE: u64 = zmem_os::PAGE_SIZE as u64;
 
 pub fn open(cfg: &ZmemTargetConfig) -> anyhow::Result<Box<dyn PageTarget>> {
     let policy: Policy = cfg.policy.parse()?;

@@ -453,48 +453,25 @@ fn gap_decode(bits: u32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::SmallRng;
+    use rand::Rng as _;
     use std::collections::HashSet;
+    use zmem_workload::{small_rng, Zipf};
 
-    /// splitmix64: small, seeded, deterministic.
-    struct Rng(u64);
+    /// The simulator's draws, on zmem-workload's seeded generator.
+    struct Rng(SmallRng);
 
     impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
+        fn new(seed: u64) -> Rng {
+            Rng(small_rng(seed))
         }
 
         fn below(&mut self, n: u64) -> u64 {
-            ((self.next() as u128 * n as u128) >> 64) as u64
+            self.0.random_range(0..n)
         }
 
         fn unit(&mut self) -> f64 {
-            (self.next() >> 11) as f64 / (1u64 << 53) as f64
-        }
-    }
-
-    /// Ranks 0..n drawn with probability proportional to 1 / (rank + 1)^s.
-    struct Zipf(Vec<f64>);
-
-    impl Zipf {
-        fn new(n: usize, s: f64) -> Zipf {
-            let mut acc = 0.0;
-            let mut cdf: Vec<f64> = (0..n)
-                .map(|i| {
-                    acc += 1.0 / ((i + 1) as f64).powf(s);
-                    acc
-                })
-                .collect();
-            cdf.iter_mut().for_each(|c| *c /= acc);
-            Zipf(cdf)
-        }
-
-        fn sample(&self, rng: &mut Rng) -> usize {
-            let u = rng.unit();
-            self.0.partition_point(|&c| c < u).min(self.0.len() - 1)
+            self.0.random::<f64>()
         }
     }
 
@@ -554,7 +531,7 @@ mod tests {
     /// resident set as it goes.
     fn simulate(kind: Eviction, sc: &Scenario) -> Outcome {
         let n = sc.pages;
-        let mut rng = Rng(sc.seed);
+        let mut rng = Rng::new(sc.seed);
         let zipf = Zipf::new(n, 0.99);
         let first = permutation(n, &mut rng);
         let second = permutation(n, &mut rng);
@@ -602,7 +579,7 @@ mod tests {
                     }
                 }
             }
-            let rank = zipf.sample(&mut rng);
+            let rank = zipf.sample(&mut rng.0);
             let page = if sc.shift && a >= sc.accesses / 2 {
                 second[rank]
             } else {
@@ -676,7 +653,7 @@ mod tests {
     fn model_random_operations() {
         for kind in [Eviction::Clock, Eviction::Fifo] {
             for (pages, seed) in [(1usize, 1u64), (7, 2), (300, 3), (5000, 4)] {
-                let mut rng = Rng(seed);
+                let mut rng = Rng::new(seed);
                 let mut t = Tracker::new(pages, kind);
                 assert_eq!(t.kind(), kind);
                 let mut model = HashSet::new();
@@ -777,7 +754,7 @@ mod tests {
         for kind in [Eviction::Clock, Eviction::Fifo] {
             let mut t = Tracker::new(1000, kind);
             assert!(zero(&t));
-            let mut rng = Rng(5);
+            let mut rng = Rng::new(5);
             let mut out = Vec::new();
             for _ in 0..20_000 {
                 let p = rng.below(1000) as u32;
@@ -873,7 +850,7 @@ mod tests {
     #[test]
     fn budget_changes_keep_order_and_lists() {
         // The wheel is re-slotted when the budget moves by 2x; nothing is lost.
-        let mut rng = Rng(9);
+        let mut rng = Rng::new(9);
         let mut t = Tracker::new(20_000, Eviction::Clock);
         let mut out = Vec::new();
         let mut res = vec![false; 20_000];

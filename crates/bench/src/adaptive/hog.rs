@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use zmem_os::{Mapping, MappingFlags};
 use zmem_region::budget::read_mem_available;
 
 use super::{parse_duration, HogState, HOG_FLOOR};
@@ -161,21 +162,9 @@ pub fn hog_main(a: &HogArgs) -> anyhow::Result<()> {
         .context("hog: bad size")?;
     let t = Instant::now();
     let deadline = t + a.hold;
-    // SAFETY: a fresh private anonymous mapping; the kernel picks the address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        bail!("hog: mmap {len} bytes: {}", std::io::Error::last_os_error());
-    }
-    let base = p as usize;
+    let map = Mapping::new(len, MappingFlags::default())
+        .with_context(|| format!("hog: mmap {len} bytes"))?;
+    let base = map.addr();
     let mut touched = 0usize;
     const STEP: usize = 64 << 20;
     while touched < len && Instant::now() < deadline {
@@ -203,8 +192,7 @@ pub fn hog_main(a: &HogArgs) -> anyhow::Result<()> {
     if let Some(d) = deadline.checked_duration_since(Instant::now()) {
         std::thread::sleep(d);
     }
-    // SAFETY: our own mapping, unmapped once.
-    unsafe { libc::munmap(p, len) };
+    drop(map);
     writeln!(out, "freed")?;
     out.flush()?;
     Ok(())

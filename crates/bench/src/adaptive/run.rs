@@ -18,9 +18,9 @@ use crate::abort::{aborted, Interrupted};
 use crate::corpus::{default_corpus, Corpus};
 use crate::report::{corpus_info, write_json, MachineInfo};
 use crate::target::PAGE;
-use crate::workload::{small_rng, Zipf};
 use rand::Rng;
 use zmem_runenv::size::{format_size, format_size_mg};
+use zmem_workload::{small_rng, Zipf};
 
 pub(super) fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {

@@ -15,8 +15,8 @@ use super::{stamp, Pattern, Workload, PAGE, SLOW_NS, WORDS};
 use crate::abort::{aborted, Interrupted};
 use crate::corpus::Corpus;
 use crate::report::progress_enabled;
-use crate::workload::Zipf;
 use zmem_runenv::size::format_size;
+use zmem_workload::Zipf;
 
 /// Precomputed tables of a pattern (built once, before the memory is measured).
 pub struct Tables {

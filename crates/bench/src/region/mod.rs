@@ -21,7 +21,7 @@ use crate::target::POLICIES;
 use zmem_runenv::size::{format_size, parse_size};
 
 /// Bytes of a page: the unit of every access.
-pub const PAGE: usize = 4096;
+pub use zmem_os::PAGE_SIZE as PAGE;
 const WORDS: usize = PAGE / 8;
 
 /// Default seed of the access streams and of the zipf permutation: runs are reproducible.

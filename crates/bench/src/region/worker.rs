@@ -37,6 +37,7 @@ use crate::kernel::memcg::{memcg_v1_available, note_leftover_cgroups};
 use crate::kernel::swap::{swaps, SwapOn, SWAP_PRIORITY};
 use crate::kernel::zram::{self, parse_mm_stat, MmStat, ZramError, ZramSession, ZRAM_INDEX};
 use crate::process::{self, signal_name};
+use zmem_os::{Mapping, MappingFlags};
 use zmem_runenv::size::format_size;
 
 /// What the kernel side did.
@@ -314,43 +315,6 @@ fn describe_status(s: ExitStatus) -> String {
     }
 }
 
-/// Anonymous private memory, unmapped on drop.
-struct AnonMap {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl AnonMap {
-    fn new(len: usize) -> anyhow::Result<AnonMap> {
-        // SAFETY: a fresh anonymous mapping at an address of the kernel's choice.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("mmap of {}", format_size(len as u64)));
-        }
-        // 4 KiB pages like the zmem side (a huge page is swapped otherwise); advisory only.
-        // SAFETY: p..p+len is the mapping just made.
-        unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
-        Ok(AnonMap { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for AnonMap {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in new(), unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// The kernel-side counters around the measured phase.
 struct KernelSnap {
     stat: HashMap<String, u64>,
@@ -423,10 +387,13 @@ pub fn worker_main(a: &RegionWorkerArgs) -> anyhow::Result<()> {
         format_size(base_usage)
     );
 
-    let map = AnonMap::new(usize::try_from(w.size).context("size")?)?;
+    // 4 KiB pages like the zmem side (a huge page is swapped as one otherwise).
+    let len = usize::try_from(w.size).context("size")?;
+    let map = Mapping::new(len, MappingFlags::RESERVE_SMALL_PAGES)
+        .with_context(|| format!("mmap of {}", format_size(len as u64)))?;
     // SAFETY: map is w.size bytes of read-write, page-aligned memory, unmapped only when map
     // is dropped after run_workload has joined all its threads; nothing else touches it.
-    let mem = unsafe { Mem::new(map.ptr, w.pages()) };
+    let mem = unsafe { Mem::new(map.as_ptr(), w.pages()) };
     let fail = spec.fail;
     let m = run_workload(
         &mut driver,

@@ -1,5 +1,5 @@
-//! What the access-pattern benchmarks draw from: ONE zipf sampler and seeded generators.
-//! Imports nothing from the benchmarks.
+//! What zmem's access patterns draw from: the one Zipf sampler and the seeded generators, for the
+//! benchmarks (`zmem bench region`, `bench adaptive`) and the region's policy simulator alike.
 
 use rand::rngs::{SmallRng, StdRng};
 use rand::{Rng, SeedableRng};
