@@ -12,7 +12,8 @@ use anyhow::{bail, Context};
 
 use crate::bench::corpus::Corpus;
 use crate::bench::redis::command;
-use crate::run::{human, query, table};
+use crate::run::human;
+use crate::stat::{query, table};
 
 /// Values of about 4000 bytes, so jemalloc/mimalloc size classes do not inflate the ratio.
 const VALUE: usize = 4000;
