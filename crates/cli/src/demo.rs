@@ -206,20 +206,34 @@ fn kv(args: &DemoArgs) -> anyhow::Result<()> {
         r.verified,
         r.verify_s
     );
-    let s = sample.context("no statistics of the running program")?;
-    let dram = s.resident + s.mem_used_total;
+    // The sample taken while all the data was in; failing that, zmem run's peak figures.
+    let (dram, parts, heap) = match &sample {
+        Some(s) => (
+            s.resident + s.mem_used_total,
+            format!(
+                "{} resident + {} compressed pool",
+                human(s.resident),
+                human(s.mem_used_total)
+            ),
+            s.data(),
+        ),
+        None => {
+            let report: crate::run::RunReport = serde_json::from_slice(&std::fs::read(&stats)?)
+                .context("no statistics of the running program")?;
+            let parts = "peak of resident + compressed pool, from zmem run".to_string();
+            (report.peak_dram, parts, report.peak_data)
+        }
+    };
     println!(
-        "data held {}, DRAM used {} ({} resident + {} compressed pool), ratio {:.2}x, time {wall:.1} s",
+        "data held {}, DRAM used {} ({parts}), ratio {:.2}x, time {wall:.1} s",
         human(r.value_bytes),
         human(dram),
-        human(s.resident),
-        human(s.mem_used_total),
         r.value_bytes as f64 / dram.max(1) as f64
     );
     println!(
         "without zmem the program would need about {} of DRAM for its heap; a --resident budget \
          caps the uncompressed part, the rest is compressed ({} policy) and comes back on a touch",
-        human(s.data()),
+        human(heap),
         args.policy
     );
     Ok(())
