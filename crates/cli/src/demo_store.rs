@@ -40,8 +40,8 @@ pub fn run(corpus: &Corpus, size: u64) -> anyhow::Result<()> {
             block: None,
             mem_limit: None,
         })?;
-        let r = pages::run(target.as_ref(), &corpus, &spec)?;
-        pages::verify_contents(target.as_ref(), &corpus, &spec)?;
+        let r = pages::run(target.as_ref(), corpus, &spec)?;
+        pages::verify_contents(target.as_ref(), corpus, &spec)?;
         let m = target.memory()?;
         println!(
             "{:<9} {:>11} {:>11} {:>11} {:>7.2} {:>6.1}% {:>11.0}",

@@ -296,7 +296,7 @@ pub fn run(a: &WorkerArgs) -> anyhow::Result<()> {
     let update_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let reads = keys;
+    let reads = keys / 2;
     let mut sum = 0u64;
     {
         let mut r = Rng::new(keys, 7);
