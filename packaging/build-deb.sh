@@ -18,4 +18,5 @@ grep -qx "Version: $version" packaging/zmem.pc || {
   echo "packaging/zmem.pc does not say Version: $version" >&2
   exit 1
 }
-cargo deb -p zmem-cli --no-build "$@"
+# The release profile keeps debug info (for perf); the package ships stripped binaries.
+cargo deb -p zmem-cli --no-build --strip "$@"

@@ -54,6 +54,16 @@ fn socket_dir() -> tempfile::TempDir {
     d
 }
 
+/// What a test that runs programs under zmem needs: the preload library (or it fails),
+/// userfaultfd (or it skips: None), the machine to itself, a socket directory.
+fn program_test() -> Option<(std::sync::MutexGuard<'static, ()>, tempfile::TempDir)> {
+    require_preload();
+    if !userfaultfd_available() {
+        return None;
+    }
+    Some((heavy(), socket_dir()))
+}
+
 fn zmem(args: &[&str], socket_dir: &std::path::Path) -> Output {
     Command::new(zmem_exe())
         .args(args)
@@ -66,12 +76,9 @@ fn zmem(args: &[&str], socket_dir: &std::path::Path) -> Output {
 
 #[test]
 fn builtin_demo_verifies_every_value_and_reports_its_savings() {
-    require_preload();
-    if !userfaultfd_available() {
+    let Some((_g, sockets)) = program_test() else {
         return;
-    }
-    let _g = heavy();
-    let sockets = socket_dir();
+    };
     let out = zmem(
         &["demo", "--size", "32M", "--resident", "8M"],
         sockets.path(),
@@ -99,12 +106,9 @@ fn builtin_demo_verifies_every_value_and_reports_its_savings() {
 
 #[test]
 fn a_corrupted_value_is_caught_and_named() {
-    require_preload();
-    if !userfaultfd_available() {
+    let Some((_g, sockets)) = program_test() else {
         return;
-    }
-    let _g = heavy();
-    let sockets = socket_dir();
+    };
     let out = zmem(
         &[
             "demo",
@@ -191,12 +195,9 @@ fn doctor_agrees_with_this_machine() {
 
 #[test]
 fn stat_all_and_prometheus_see_a_running_program() {
-    require_preload();
-    if !userfaultfd_available() {
+    let Some((_g, sockets)) = program_test() else {
         return;
-    }
-    let _g = heavy();
-    let sockets = socket_dir();
+    };
     // A shell that allocates a little (through its own malloc) and then waits.
     let mut child = Command::new(zmem_exe())
         .args(["run", "--quiet", "--resident", "16M", "--", "sleep", "30"])
