@@ -13,8 +13,8 @@ use anyhow::{bail, Context};
 use zmem_bench::corpus::Corpus;
 use zmem_bench::redis::command;
 
-use crate::run::{query, table};
 use crate::size::format_size_approx as human;
+use crate::stat::{query, table};
 
 /// Values of about 4000 bytes, so jemalloc/mimalloc size classes do not inflate the ratio.
 const VALUE: usize = 4000;

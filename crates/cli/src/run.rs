@@ -1,11 +1,10 @@
 //! `zmem run`: runs an unmodified program with its heap in a zmem region (LD_PRELOAD of
 //! libzmem_preload.so, configured through ZMEM_* variables), then prints a summary in the manner
-//! of zramctl. `zmem stat PID`: a running program's live statistics, from its stats socket.
+//! of zramctl (the live statistics, `zmem stat`, are in [`crate::stat`]).
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +18,7 @@ use zmem_region::{Budget, Eviction, Region, RegionConfig, MIN_BUDGET_PAGES, PAGE
 use zmem_runenv::{OnError, ProcessStats, RunConfig};
 
 use crate::size::{format_size as fmt_size, format_size_approx as human, parse_size};
+use crate::stat::{query, table};
 
 /// The preload library's file name.
 pub const PRELOAD_LIB: &str = "libzmem_preload.so";
@@ -90,10 +90,10 @@ pub enum RunError {
     Setuid(PathBuf),
     #[error("{0}")]
     Config(String),
-    #[error("zmem cannot serve a heap on this machine: {0}")]
+    #[error("zmem cannot serve a heap on this machine: {0}; run `zmem doctor` for details")]
     Unavailable(String),
     #[error(
-        "cannot find {PRELOAD_LIB} (looked in: {0}); build it with `cargo build --release --workspace`, or pass --preload PATH"
+        "cannot find {PRELOAD_LIB} (looked in: {0}); build it with `cargo build --release --workspace`, install the zmem package, or pass --preload PATH; `zmem doctor` checks the setup"
     )]
     NoLibrary(String),
     #[error("cannot start {0}: {1}")]
@@ -290,25 +290,32 @@ pub fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
     Some(false)
 }
 
-/// The preload library: --preload, $ZMEM_PRELOAD, next to this executable, or ../lib/.
-pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, RunError> {
-    let mut tried = Vec::new();
-    let mut candidates = Vec::new();
+/// Where the preload library may be, in order: --preload alone if given; else $ZMEM_PRELOAD,
+/// next to the executable (a cargo build), its parent (cargo test binaries live in
+/// target/<profile>/deps), and `<prefix>/lib/zmem/` of an installed `<prefix>/bin/zmem` (the
+/// Debian package puts it in /usr/lib/zmem: a private plugin, not a library to link against).
+pub fn library_candidates(
+    explicit: Option<&Path>,
+    env: Option<OsString>,
+    exe: Option<&Path>,
+) -> Vec<PathBuf> {
     if let Some(p) = explicit {
-        candidates.push(p.to_path_buf());
-    } else {
-        if let Some(p) = std::env::var_os(ENV_PRELOAD) {
-            candidates.push(PathBuf::from(p));
-        }
-        if let Ok(exe) = std::env::current_exe() {
-            if let Some(dir) = exe.parent() {
-                candidates.push(dir.join(PRELOAD_LIB));
-                // cargo test binaries live in target/<profile>/deps.
-                candidates.push(dir.join("..").join(PRELOAD_LIB));
-                candidates.push(dir.join("../lib/zmem").join(PRELOAD_LIB));
-            }
-        }
+        return vec![p.to_path_buf()];
     }
+    let mut c: Vec<PathBuf> = env.map(PathBuf::from).into_iter().collect();
+    if let Some(dir) = exe.and_then(Path::parent) {
+        c.push(dir.join(PRELOAD_LIB));
+        c.push(dir.join("..").join(PRELOAD_LIB));
+        c.push(dir.join("../lib/zmem").join(PRELOAD_LIB));
+    }
+    c
+}
+
+/// The preload library: the first of [`library_candidates`] that exists.
+pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, RunError> {
+    let exe = std::env::current_exe().ok();
+    let candidates = library_candidates(explicit, std::env::var_os(ENV_PRELOAD), exe.as_deref());
+    let mut tried = Vec::new();
     for c in candidates {
         if c.is_file() {
             return c
@@ -350,16 +357,6 @@ fn handle_signals() {
             libc::signal(s, forward as *const () as libc::sighandler_t);
         }
     }
-}
-
-/// Reads one process's live statistics from its socket.
-pub fn query(dir: &Path, pid: u32) -> std::io::Result<ProcessStats> {
-    let path = zmem_runenv::socket_path(dir, pid);
-    let s = UnixStream::connect(&path)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// Runs the program; returns its exit status (128 + signal if killed).
@@ -488,43 +485,6 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
     Ok(code)
 }
 
-/// The zramctl-like table of one or more processes.
-pub fn table(rows: &[&ProcessStats]) -> String {
-    let mut out = format!(
-        "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>8}\n",
-        "PID",
-        "PROGRAM",
-        "HEAP",
-        "BUDGET",
-        "DATA",
-        "COMPR",
-        "TOTAL",
-        "RATIO",
-        "RESIDENT",
-        "FAULTS",
-        "EVICTED",
-        "ZMEM-CPU"
-    );
-    for s in rows {
-        out += &format!(
-            "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>7.2}s\n",
-            s.pid,
-            s.program.chars().take(16).collect::<String>(),
-            human(s.heap_size()),
-            human(s.budget()),
-            human(s.data()),
-            human(s.compr_data_size()),
-            human(s.mem_used_total()),
-            format!("{:.2}", s.ratio()),
-            human(s.resident()),
-            s.major_faults() + s.zero_faults(),
-            s.evictions(),
-            s.codec_cpu_ns as f64 / 1e9,
-        );
-    }
-    out
-}
-
 fn summary(name: &str, pid: u32, r: &RunReport) -> String {
     let how = match r.signal {
         Some(s) => format!("was killed by signal {s}"),
@@ -578,71 +538,6 @@ fn summary(name: &str, pid: u32, r: &RunReport) -> String {
     out
 }
 
-#[derive(Debug, Args)]
-pub struct StatArgs {
-    /// Process id of a program running under zmem.
-    pub pid: u32,
-    /// Print the statistics as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Print again every SECONDS until the program exits.
-    #[arg(long, value_name = "SECONDS")]
-    pub watch: Option<f64>,
-}
-
-/// `zmem stat PID`.
-pub fn stat(a: &StatArgs) -> anyhow::Result<()> {
-    let dir = zmem_runenv::socket_dir_from_env();
-    let path = zmem_runenv::socket_path(&dir, a.pid);
-    let mut first = true;
-    loop {
-        let s = match query(&dir, a.pid) {
-            Ok(s) => s,
-            Err(e) if !first && a.watch.is_some() => {
-                eprintln!("zmem: pid {} is gone ({e})", a.pid);
-                return Ok(());
-            }
-            Err(e) => {
-                // SAFETY: kill with signal 0 only checks existence.
-                let alive = unsafe { libc::kill(a.pid as i32, 0) } == 0;
-                anyhow::bail!(
-                    "no zmem statistics for pid {}: {} ({}: {e}){}",
-                    a.pid,
-                    if alive {
-                        "the process is not running under zmem, or belongs to another user"
-                    } else {
-                        "no such process"
-                    },
-                    path.display(),
-                    if path.exists() && !alive {
-                        "; the socket is stale"
-                    } else {
-                        ""
-                    }
-                );
-            }
-        };
-        if a.json {
-            println!("{}", serde_json::to_string(&s)?);
-        } else {
-            if first {
-                print!("{}", table(&[&s]));
-            } else {
-                print!(
-                    "{}",
-                    table(&[&s]).lines().nth(1).unwrap_or("").to_string() + "\n"
-                );
-            }
-        }
-        first = false;
-        match a.watch {
-            Some(secs) if secs > 0.0 => std::thread::sleep(Duration::from_secs_f64(secs)),
-            Some(_) => anyhow::bail!("--watch needs a positive number of seconds"),
-            None => return Ok(()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -659,6 +554,20 @@ mod tests {
         h[4] = 2;
         h[5] = 1;
         assert_eq!(elf_has_interpreter(&h), Some(false));
+    }
+
+    #[test]
+    fn the_library_is_looked_for_where_builds_and_the_package_put_it() {
+        let exe = Path::new("/usr/bin/zmem");
+        let c = library_candidates(None, Some("/opt/x.so".into()), Some(exe));
+        assert_eq!(c[0], Path::new("/opt/x.so"));
+        assert_eq!(c[1], Path::new("/usr/bin/libzmem_preload.so"));
+        assert_eq!(
+            c.last().unwrap(),
+            Path::new("/usr/bin/../lib/zmem/libzmem_preload.so")
+        );
+        let only = library_candidates(Some(Path::new("/a.so")), Some("/b.so".into()), Some(exe));
+        assert_eq!(only, vec![PathBuf::from("/a.so")]);
     }
 
     #[test]

@@ -385,9 +385,12 @@ fn read_report(path: &Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
 }
 
+/// A figure of the statistics JSON (`zmem_runenv::ProcessStats`): a process-level field, or one
+/// of its region's (`region`) or of the region's store (`region.store`).
 fn num(v: &serde_json::Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
+    [&v[key], &v["region"][key], &v["region"]["store"][key]]
+        .into_iter()
+        .find_map(|x| x.as_u64())
         .unwrap_or_else(|| panic!("no number {key} in {v}"))
 }
 

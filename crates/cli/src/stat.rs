@@ -1,0 +1,169 @@
+//! `zmem stat`: the live statistics of programs running under zmem, read from their stats
+//! sockets (one per process, `<socket dir>/<pid>.sock`, see `zmem_runenv`): one process as a
+//! zramctl-like table or JSON, every process of this user (`--all`, dead sockets skipped), or
+//! Prometheus text ([`crate::metrics`]) for node_exporter's textfile collector.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Args;
+use zmem_runenv::ProcessStats;
+
+use crate::size::format_size_approx as human;
+
+/// Reads one process's live statistics from its socket.
+pub fn query(dir: &Path, pid: u32) -> std::io::Result<ProcessStats> {
+    let path = zmem_runenv::socket_path(dir, pid);
+    let s = UnixStream::connect(&path)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// The zramctl-like table of one or more processes.
+pub fn table(rows: &[&ProcessStats]) -> String {
+    let mut out = format!(
+        "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>8}\n",
+        "PID",
+        "PROGRAM",
+        "HEAP",
+        "BUDGET",
+        "DATA",
+        "COMPR",
+        "TOTAL",
+        "RATIO",
+        "RESIDENT",
+        "FAULTS",
+        "EVICTED",
+        "ZMEM-CPU"
+    );
+    for s in rows {
+        out += &format!(
+            "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>7.2}s\n",
+            s.pid,
+            s.program.chars().take(16).collect::<String>(),
+            human(s.heap_size()),
+            human(s.budget()),
+            human(s.data()),
+            human(s.compr_data_size()),
+            human(s.mem_used_total()),
+            format!("{:.2}", s.ratio()),
+            human(s.resident()),
+            s.major_faults() + s.zero_faults(),
+            s.evictions(),
+            s.codec_cpu_ns as f64 / 1e9,
+        );
+    }
+    out
+}
+
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// Process id of a program running under zmem.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub pid: Option<u32>,
+    /// Every zmem process of this user (every live socket of the socket directory).
+    #[arg(long)]
+    pub all: bool,
+    /// Print the statistics as JSON (an array with --all).
+    #[arg(long, conflicts_with = "prometheus")]
+    pub json: bool,
+    /// Print Prometheus/OpenMetrics text exposition (for node_exporter's textfile collector).
+    #[arg(long)]
+    pub prometheus: bool,
+    /// Print again every SECONDS until the program exits (--all: until interrupted).
+    #[arg(long, value_name = "SECONDS", conflicts_with = "prometheus")]
+    pub watch: Option<f64>,
+}
+
+/// The live statistics of every process with a socket in `dir`, by pid; sockets nobody answers
+/// on (a process that died without removing its socket) are skipped.
+pub fn query_all(dir: &Path) -> Vec<ProcessStats> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_suffix(".sock")?.parse().ok()
+        })
+        .collect();
+    pids.sort_unstable();
+    pids.into_iter()
+        .filter_map(|pid| query(dir, pid).ok())
+        .collect()
+}
+
+/// Why one process has no statistics, said so the user knows what to do.
+fn no_stats(dir: &Path, pid: u32, e: &std::io::Error) -> anyhow::Error {
+    let path = zmem_runenv::socket_path(dir, pid);
+    // SAFETY: kill with signal 0 only checks existence.
+    let alive = unsafe { libc::kill(pid as i32, 0) } == 0;
+    anyhow::anyhow!(
+        "no zmem statistics for pid {pid}: {} ({}: {e}){}",
+        if alive {
+            "the process is not running under zmem, or belongs to another user"
+        } else {
+            "no such process"
+        },
+        path.display(),
+        if path.exists() && !alive {
+            "; the socket is stale"
+        } else {
+            ""
+        }
+    )
+}
+
+/// `zmem stat`.
+pub fn run(a: &StatArgs) -> anyhow::Result<()> {
+    let dir = zmem_runenv::socket_dir_from_env();
+    if let Some(secs) = a.watch {
+        if secs <= 0.0 || !secs.is_finite() {
+            bail!("--watch needs a positive number of seconds");
+        }
+    }
+    let mut first = true;
+    loop {
+        let rows = match a.pid {
+            Some(pid) => match query(&dir, pid) {
+                Ok(s) => vec![s],
+                Err(e) if !first => {
+                    eprintln!("zmem: pid {pid} is gone ({e})");
+                    return Ok(());
+                }
+                Err(e) => return Err(no_stats(&dir, pid, &e)),
+            },
+            None => query_all(&dir),
+        };
+        if first && a.all && rows.is_empty() {
+            eprintln!(
+                "zmem: no process of this user runs under zmem (no live socket in {})",
+                dir.display()
+            );
+        }
+        let refs: Vec<&ProcessStats> = rows.iter().collect();
+        if a.prometheus {
+            print!("{}", crate::metrics::exposition(&refs));
+        } else if a.json && a.all {
+            println!("{}", serde_json::to_string(&rows)?);
+        } else if a.json {
+            println!("{}", serde_json::to_string(&rows[0])?);
+        } else if first || a.all {
+            print!("{}", table(&refs));
+        } else {
+            let t = table(&refs);
+            println!("{}", t.lines().nth(1).unwrap_or(""));
+        }
+        first = false;
+        match a.watch {
+            Some(secs) => std::thread::sleep(Duration::from_secs_f64(secs)),
+            None => return Ok(()),
+        }
+    }
+}
