@@ -21,7 +21,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ::zmem_region::{
     AdaptiveConfig, Budget, Eviction, Region, RegionConfig, RegionError, RegionStats,
-    MIN_BUDGET_PAGES, PAGE,
+    MIN_BUDGET_BYTES, MIN_BUDGET_PAGES, PAGE,
 };
 use zmem_engine::Policy;
 
@@ -379,7 +379,7 @@ fn config_from(o: &zmem_options) -> Result<RegionConfig, Failure> {
 
 /// The smallest budget a region accepts, in bytes.
 fn min_budget() -> u64 {
-    (MIN_BUDGET_PAGES * PAGE) as u64
+    MIN_BUDGET_BYTES
 }
 
 /// An adaptive budget between `min` and `max` bytes with the region's default tuning.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use zmem_engine::Policy;
-use zmem_region::{Budget, Eviction, Region, RegionConfig, MIN_BUDGET_PAGES, PAGE};
+use zmem_region::{Budget, Eviction, Region, RegionConfig, MIN_BUDGET_BYTES};
 use zmem_runenv::{OnError, ProcessStats, RunConfig};
 
 use crate::size::{format_size as fmt_size, format_size_approx as human, parse_size};
@@ -142,18 +142,10 @@ pub struct RunReport {
 /// The settings for the program, checked.
 pub fn config(a: &RunArgs, report_dir: &Path) -> Result<RunConfig, RunError> {
     let mem = zmem_runenv::machine_memory().unwrap_or(u64::MAX);
-    let min = (MIN_BUDGET_PAGES * PAGE) as u64;
     let resident = if a.adaptive {
         None
     } else {
         let r = a.resident.unwrap_or(zmem_runenv::DEFAULT_RESIDENT);
-        if r < min {
-            return Err(RunError::Config(format!(
-                "--resident {} is too small to start: at least {} is needed",
-                fmt_size(r),
-                fmt_size(min)
-            )));
-        }
         if r > mem {
             return Err(RunError::Config(format!(
                 "--resident {} is larger than this machine's memory ({})",
@@ -161,6 +153,15 @@ pub fn config(a: &RunArgs, report_dir: &Path) -> Result<RunConfig, RunError> {
                 human(mem)
             )));
         }
+        // The region's own rule (the one minimum of every budget), with the flag's name.
+        RegionConfig::new(r.max(MIN_BUDGET_BYTES), Budget::Fixed(r))
+            .validate()
+            .map_err(|e| {
+                RunError::Config(format!(
+                    "--resident {} is too small to start: {e}",
+                    fmt_size(r)
+                ))
+            })?;
         Some(r)
     };
     if let Some(s) = a.size {
@@ -330,7 +331,7 @@ pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, RunError> {
 /// Checks that a region can be made here and now (userfaultfd permission and features), so a
 /// program is never started only to fail inside.
 pub fn check_userfaultfd() -> Result<(), RunError> {
-    let cfg = RegionConfig::new(1 << 20, Budget::Fixed((MIN_BUDGET_PAGES * PAGE) as u64));
+    let cfg = RegionConfig::new(1 << 20, Budget::Fixed(MIN_BUDGET_BYTES));
     Region::new(cfg)
         .map(drop)
         .map_err(|e| RunError::Unavailable(e.to_string()))

@@ -14,6 +14,9 @@ pub use zmem_os::PAGE_SIZE as PAGE;
 
 /// The smallest budget: below this a region would spend its time evicting.
 pub const MIN_BUDGET_PAGES: usize = 16;
+/// [`MIN_BUDGET_PAGES`] in bytes: the one minimum of every budget (`zmem run --resident`, the C
+/// API, the benchmarks).
+pub const MIN_BUDGET_BYTES: u64 = (MIN_BUDGET_PAGES * PAGE) as u64;
 
 /// How much of the region may stay resident (uncompressed, mapped) in DRAM.
 #[derive(Clone, Debug, PartialEq)]

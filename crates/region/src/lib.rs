@@ -44,7 +44,9 @@ use state::StateTable;
 
 pub use backing::{BackingStore, StoreFactory};
 pub use budget::{AdaptiveConfig, BudgetSample};
-pub use config::{default_evict_group, Budget, RegionConfig, MIN_BUDGET_PAGES, PAGE};
+pub use config::{
+    default_evict_group, Budget, RegionConfig, MIN_BUDGET_BYTES, MIN_BUDGET_PAGES, PAGE,
+};
 pub use error::RegionError;
 pub use policy::Eviction;
 pub use stats::{Latency, RegionStats};

@@ -241,7 +241,7 @@ pub fn plan(a: &AdaptiveArgs, corpus: &Corpus, mem_available: u64) -> anyhow::Re
 
 /// Checks the arguments alone (no machine, no corpus).
 pub fn check_args(a: &AdaptiveArgs) -> anyhow::Result<()> {
-    let min_budget = (zmem_region::MIN_BUDGET_PAGES * PAGE) as u64;
+    let min_budget = zmem_region::MIN_BUDGET_BYTES;
     if a.size < min_budget || a.size % PAGE as u64 != 0 {
         bail!(
             "--size {} must be a multiple of 4k and at least {}",

@@ -31,7 +31,7 @@ pub const SEED: u64 = 0x7a6d_656d_5eed;
 pub const SLOW_NS: u64 = 1000;
 
 /// Smallest resident budget (16 pages, the region's minimum).
-pub const MIN_RESIDENT: u64 = 16 * PAGE as u64;
+pub const MIN_RESIDENT: u64 = zmem_region::MIN_BUDGET_BYTES;
 
 /// High bits of the stamp in the first word of every page (page index in the low 32 bits).
 const STAMP: u64 = 0x7a6d_656d_0000_0000;
