@@ -9,7 +9,7 @@
 //! any of them.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -20,20 +20,8 @@ use crate::size::format_size_approx as human;
 /// The oldest kernel with everything zmem needs (UFFDIO_MOVE came in 6.8).
 pub const MIN_KERNEL: (u32, u32) = (6, 8);
 
-// The userfaultfd ABI (linux/userfaultfd.h). zmem_region keeps its copy private; doctor only
-// needs the handshake and the feature bits the region asks for (zmem_region::Region::new).
-const UFFD_API: u64 = 0xAA;
-const USERFAULTFD_IOC_NEW: u64 = 0xAA << 8;
-const UFFDIO_API: u64 = (3 << 30) | (24 << 16) | (0xAA << 8) | 0x3F;
 /// The features the region requests, with their names.
-pub const NEEDED_FEATURES: [(u64, &str); 6] = [
-    (1 << 1, "EVENT_FORK"),
-    (1 << 2, "EVENT_REMAP"),
-    (1 << 3, "EVENT_REMOVE"),
-    (1 << 6, "EVENT_UNMAP"),
-    (1 << 16, "MOVE"),
-    (1 << 14, "POISON"),
-];
+pub use zmem_region::userfaultfd::NEEDED_FEATURES;
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
@@ -355,54 +343,18 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     Ok(exit_status(&c))
 }
 
-fn ioctl_api(fd: i32) -> io::Result<u64> {
-    let mut api = [UFFD_API, 0u64, 0u64]; // struct uffdio_api { api, features, ioctls }
-                                          // SAFETY: UFFDIO_API reads and writes a struct uffdio_api, 24 bytes, which `api` is.
-    if unsafe { libc::ioctl(fd, UFFDIO_API as _, api.as_mut_ptr()) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(api[1])
-}
-
 /// Opens a full-mode userfaultfd as the region does (the device, then the syscall) and asks
 /// the kernel which features it offers.
 pub fn probe_userfaultfd() -> UffdProbe {
-    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-    let (fd, via) = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-    {
-        Ok(dev) => {
-            // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its integer argument.
-            let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
-            if fd < 0 {
-                return UffdProbe::Permission(io::Error::last_os_error());
-            }
-            (fd, "/dev/userfaultfd")
-        }
-        Err(dev_err) => {
-            // SAFETY: plain syscall with integer flags.
-            let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as i32;
-            if fd < 0 {
-                let e = io::Error::last_os_error();
-                return if e.raw_os_error() == Some(libc::ENOSYS) {
-                    UffdProbe::Unavailable(e)
-                } else {
-                    UffdProbe::Permission(io::Error::new(
-                        dev_err.kind(),
-                        format!("/dev/userfaultfd: {dev_err}; userfaultfd(2): {e}"),
-                    ))
-                };
-            }
-            (fd, "the userfaultfd system call")
-        }
-    };
-    // SAFETY: fd was just returned to us and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    match ioctl_api(fd.as_raw_fd()) {
-        Ok(features) => UffdProbe::Features { features, via },
-        Err(e) => UffdProbe::Unavailable(e),
+    use zmem_region::userfaultfd::{probe, OpenError};
+    match probe() {
+        Ok(p) => UffdProbe::Features {
+            features: p.features,
+            via: p.via.describe(),
+        },
+        Err(OpenError::Permission(e)) => UffdProbe::Permission(e),
+        Err(OpenError::Absent(e)) => UffdProbe::Unavailable(e),
+        Err(OpenError::Unsupported(_, why)) => UffdProbe::Unavailable(io::Error::other(why)),
     }
 }
 

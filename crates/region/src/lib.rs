@@ -48,6 +48,10 @@ pub use config::{
     default_evict_group, Budget, RegionConfig, MIN_BUDGET_BYTES, MIN_BUDGET_PAGES, PAGE,
 };
 pub use error::RegionError;
+/// Whether this machine can run regions: what `zmem doctor` asks.
+pub mod userfaultfd {
+    pub use crate::uffd::{probe, OpenError, Opened, Probe, NEEDED, NEEDED_FEATURES};
+}
 pub use policy::Eviction;
 pub use stats::{Latency, RegionStats};
 
@@ -108,14 +112,12 @@ impl Region {
             Budget::Adaptive(a) => Some(BudgetLoop::new(a.clone())),
         };
 
-        let features = uffd::FEATURE_EVENT_FORK
-            | uffd::FEATURE_EVENT_REMAP
-            | uffd::FEATURE_EVENT_REMOVE
-            | uffd::FEATURE_EVENT_UNMAP
-            | uffd::FEATURE_MOVE
-            | uffd::FEATURE_POISON;
-        let (fd, _how) = uffd::Uffd::open(features).map_err(|e| match e {
+        let (fd, _how) = uffd::Uffd::open(uffd::NEEDED).map_err(|e| match e {
             uffd::OpenError::Permission(source) => RegionError::Permission { source },
+            uffd::OpenError::Absent(e) => RegionError::Unsupported {
+                feature: "userfaultfd",
+                why: e.to_string(),
+            },
             uffd::OpenError::Unsupported(feature, why) => RegionError::Unsupported { feature, why },
         })?;
         let region = reserve(len)?;

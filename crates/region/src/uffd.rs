@@ -125,6 +125,15 @@ pub enum Opened {
     Syscall,
 }
 
+impl Opened {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Opened::Device => "/dev/userfaultfd",
+            Opened::Syscall => "the userfaultfd system call",
+        }
+    }
+}
+
 /// An initialised userfaultfd (non-blocking, close-on-exec).
 #[derive(Debug)]
 pub struct Uffd {
@@ -144,13 +153,41 @@ fn ioctl<T>(fd: RawFd, req: u64, arg: &mut T) -> io::Result<()> {
 /// Why a userfaultfd could not be had.
 #[derive(Debug)]
 pub enum OpenError {
+    /// The kernel has userfaultfd, but this user may not open it in full mode.
     Permission(io::Error),
+    /// The kernel has no userfaultfd (ENOSYS), or its API handshake failed.
+    Absent(io::Error),
+    /// A feature zmem needs is missing (its name, the details).
     Unsupported(&'static str, String),
 }
 
 impl Uffd {
     /// Opens a full-mode userfaultfd with `features`, which must all be available.
     pub fn open(features: u64) -> Result<(Uffd, Opened), OpenError> {
+        let (uffd, how) = Uffd::open_any()?;
+        let mut api = Api {
+            api: UFFD_API,
+            features,
+            ..Default::default()
+        };
+        if let Err(e) = ioctl(uffd.raw(), UFFDIO_API, &mut api) {
+            // Ask what exists, to name what is missing.
+            let probe = probe().ok().map(|p| p.features);
+            let missing = probe.map(|have| features & !have).unwrap_or(features);
+            return Err(OpenError::Unsupported(
+                feature_name(missing),
+                format!(
+                    "UFFDIO_API refused features {features:#x} ({e}); this kernel offers {}",
+                    probe.map_or("unknown".to_string(), |p| format!("{p:#x}"))
+                ),
+            ));
+        }
+        Ok((uffd, how))
+    }
+
+    /// A full-mode descriptor before the API handshake: through /dev/userfaultfd, else the
+    /// system call (which without UFFD_USER_MODE_ONLY needs CAP_SYS_PTRACE or the sysctl).
+    fn open_any() -> Result<(Uffd, Opened), OpenError> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let (fd, how) = match std::fs::OpenOptions::new()
             .read(true)
@@ -166,11 +203,17 @@ impl Uffd {
                 (fd, Opened::Device)
             }
             Err(dev_err) => {
-                // The syscall without UFFD_USER_MODE_ONLY needs CAP_SYS_PTRACE (or the sysctl).
                 // SAFETY: plain syscall with integer flags.
                 let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as i32;
                 if fd < 0 {
-                    return Err(OpenError::Permission(dev_err));
+                    let e = io::Error::last_os_error();
+                    if e.raw_os_error() == Some(libc::ENOSYS) {
+                        return Err(OpenError::Absent(e));
+                    }
+                    return Err(OpenError::Permission(io::Error::new(
+                        dev_err.kind(),
+                        format!("/dev/userfaultfd: {dev_err}; userfaultfd(2): {e}"),
+                    )));
                 }
                 (fd, Opened::Syscall)
             }
@@ -179,52 +222,7 @@ impl Uffd {
         let uffd = Uffd {
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         };
-        let mut api = Api {
-            api: UFFD_API,
-            features,
-            ..Default::default()
-        };
-        if let Err(e) = ioctl(uffd.raw(), UFFDIO_API, &mut api) {
-            // Ask what exists, to name what is missing.
-            let probe = Uffd::open_bare().ok().and_then(|p| {
-                let mut a = Api {
-                    api: UFFD_API,
-                    ..Default::default()
-                };
-                ioctl(p.raw(), UFFDIO_API, &mut a).ok().map(|_| a.features)
-            });
-            let missing = probe.map(|have| features & !have).unwrap_or(features);
-            return Err(OpenError::Unsupported(
-                feature_name(missing),
-                format!(
-                    "UFFDIO_API refused features {features:#x} ({e}); this kernel offers {}",
-                    probe.map_or("unknown".to_string(), |p| format!("{p:#x}"))
-                ),
-            ));
-        }
         Ok((uffd, how))
-    }
-
-    fn open_bare() -> io::Result<Uffd> {
-        let dev = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/userfaultfd")?;
-        // SAFETY: as in `open`.
-        let fd = unsafe {
-            libc::ioctl(
-                dev.as_raw_fd(),
-                USERFAULTFD_IOC_NEW as _,
-                libc::O_CLOEXEC | libc::O_NONBLOCK,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor.
-        Ok(Uffd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
     }
 
     /// Adopts the descriptor of a forked child's userfaultfd (from a FORK event).
@@ -339,6 +337,49 @@ impl Uffd {
         Ok(n as usize / std::mem::size_of::<Msg>())
     }
 }
+
+/// What this user and kernel offer: a full-mode userfaultfd could be opened (how), and the
+/// features its API handshake reports. `zmem doctor` shows it against [`NEEDED_FEATURES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub features: u64,
+    pub via: Opened,
+}
+
+/// Opens a full-mode userfaultfd as a region does and asks the kernel which features it offers.
+pub fn probe() -> Result<Probe, OpenError> {
+    let (uffd, via) = Uffd::open_any()?;
+    let mut api = Api {
+        api: UFFD_API,
+        ..Default::default()
+    };
+    ioctl(uffd.raw(), UFFDIO_API, &mut api).map_err(OpenError::Absent)?;
+    Ok(Probe {
+        features: api.features,
+        via,
+    })
+}
+
+/// The features every region asks for, with their names (linux/userfaultfd.h).
+pub const NEEDED_FEATURES: [(u64, &str); 6] = [
+    (FEATURE_EVENT_FORK, "EVENT_FORK"),
+    (FEATURE_EVENT_REMAP, "EVENT_REMAP"),
+    (FEATURE_EVENT_REMOVE, "EVENT_REMOVE"),
+    (FEATURE_EVENT_UNMAP, "EVENT_UNMAP"),
+    (FEATURE_MOVE, "MOVE"),
+    (FEATURE_POISON, "POISON"),
+];
+
+/// [`NEEDED_FEATURES`] as one mask.
+pub const NEEDED: u64 = {
+    let mut m = 0;
+    let mut i = 0;
+    while i < NEEDED_FEATURES.len() {
+        m |= NEEDED_FEATURES[i].0;
+        i += 1;
+    }
+    m
+};
 
 fn feature_name(bits: u64) -> &'static str {
     if bits & FEATURE_MOVE != 0 {
