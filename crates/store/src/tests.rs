@@ -1,7 +1,8 @@
 use super::*;
 use proptest::prelude::*;
 use std::collections::HashMap;
-use zmem_codec::Codec;
+use std::time::{Duration, Instant};
+use zmem_codec::{Codec, CodecId};
 
 const PS: usize = PAGE_SIZE;
 

@@ -1,0 +1,76 @@
+//! The store's settings and errors: what a caller passes to [`PageStore::new`] and what any
+//! operation may answer. A leaf of the crate (it imports nothing from its siblings), so every
+//! module can name these types without an import circle.
+//!
+//! [`PageStore::new`]: crate::PageStore::new
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use zmem_codec::{CodecError, Dictionary};
+use zmem_engine::{EngineConfig, EngineError, Policy};
+use zmem_pool::PoolError;
+
+/// Errors of the page store. A failed call changes nothing unless its doc says otherwise.
+#[derive(thiserror::Error, Debug, Clone, PartialEq)]
+pub enum StoreError {
+    #[error("buffer of {len} bytes is not {what}")]
+    BadLength { len: usize, what: &'static str },
+    #[error("page {index} (+{count}) is out of range: the store has {pages} pages")]
+    OutOfRange { index: u64, count: u64, pages: u64 },
+    #[error("memory limit reached: {used} bytes used of {limit}")]
+    MemoryLimit { used: u64, limit: u64 },
+    #[error("page {index}: stored data is corrupt: {source}")]
+    Corrupt { index: u64, source: CodecError },
+    #[error("pool: {0}")]
+    Pool(PoolError),
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+    #[error("{pages} written pages are still uncompressed: {reason}")]
+    WritesPending { pages: u64, reason: String },
+    #[error("invalid page group: {0}")]
+    BadGroup(String),
+}
+
+impl From<PoolError> for StoreError {
+    fn from(e: PoolError) -> StoreError {
+        match e {
+            PoolError::LimitExceeded { used, limit, .. } => StoreError::MemoryLimit { used, limit },
+            other => StoreError::Pool(other),
+        }
+    }
+}
+
+/// Store settings.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Capacity in pages (zram's disksize / 4096).
+    pub pages: u64,
+    pub policy: Policy,
+    /// Bytes of pool memory the store may use (zram's mem_limit); None = unlimited.
+    pub mem_limit: Option<u64>,
+    /// Pages per multi-page block for aligned batch writes: 1 (off) or 2..=16.
+    pub block_pages: usize,
+    /// Trained zstd dictionary used by zstd-based policies.
+    pub dictionary: Option<Arc<Dictionary>>,
+    pub engine: EngineConfig,
+    /// With `Policy::Auto`: every interval, pages idle since the last pass are recompressed
+    /// with the cold codec into blocks (zram's idle recompression).
+    pub recompress_interval: Option<Duration>,
+}
+
+impl StoreConfig {
+    pub fn new(pages: u64, policy: Policy) -> StoreConfig {
+        StoreConfig {
+            pages,
+            policy,
+            mem_limit: None,
+            block_pages: 1,
+            dictionary: None,
+            engine: EngineConfig::default(),
+            recompress_interval: None,
+        }
+    }
+}

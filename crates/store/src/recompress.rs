@@ -1,0 +1,197 @@
+//! Idle recompression (zram's recompress): `mark_idle` marks every stored page, any access
+//! clears the mark, and `recompress` re-encodes what stayed idle with a colder codec, building
+//! blocks of aligned runs and keeping a result only if it is smaller. With a
+//! `recompress_interval`, a background thread does a pass every interval.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use zmem_codec::{CodecId, PAGE_SIZE};
+
+use crate::slot::{State, BLOCK, EMPTY, HUGE, IDLE, OBJECT};
+use crate::{RecompressStats, StoreCore, StoreError, MAX_BLOCK_PAGES};
+
+impl StoreCore {
+    /// Every `every`, recompresses the pages that stayed idle since the previous pass.
+    pub(crate) fn spawn_recompressor(
+        core: Arc<StoreCore>,
+        codec: zmem_codec::Codec,
+        every: Duration,
+    ) -> Result<(Arc<AtomicBool>, JoinHandle<()>), StoreError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let h = zmem_os::thread::spawn("zmem-recompress".into(), move || {
+            let mut last = Instant::now();
+            core.mark_idle();
+            while !flag.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(20).min(every));
+                if last.elapsed() >= every {
+                    let s = core.recompress(codec, true);
+                    tracing::debug!(?s, "idle recompression pass");
+                    core.mark_idle();
+                    last = Instant::now();
+                }
+            }
+        })
+        .map_err(|e| StoreError::Config(format!("cannot start the recompressor: {e}")))?;
+        Ok((stop, h))
+    }
+
+    /// Marks every stored page idle; any access clears the mark (zram's idle marking).
+    pub fn mark_idle(&self) {
+        for slot in self.inner.slots.iter() {
+            if slot.peek().kind() == EMPTY {
+                continue;
+            }
+            let (st, _) = slot.lock();
+            slot.unlock_keep(st.with_flag(IDLE, st.kind() != EMPTY), 0);
+        }
+    }
+
+    /// Recompresses stored pages with `codec` (zram's recompression): aligned runs of
+    /// `MAX_BLOCK_PAGES` single-page objects become one block, other single pages are
+    /// recompressed alone; a result is kept only if it is smaller. With `only_idle`, only pages
+    /// marked idle and untouched since are considered.
+    pub fn recompress(&self, codec: zmem_codec::Codec, only_idle: bool) -> RecompressStats {
+        let mut stats = RecompressStats::default();
+        let group = MAX_BLOCK_PAGES as u64;
+        let mut start = 0u64;
+        while start < self.pages() {
+            let end = (start + group).min(self.pages());
+            let eligible = |st: State| {
+                st.kind() == OBJECT
+                    && !st.has(HUGE)
+                    && st.codec() != codec.id() as u8
+                    && (!only_idle || st.has(IDLE))
+            };
+            let all = end - start == group
+                && (start..end).all(|i| eligible(self.inner.slots[i as usize].peek()));
+            if all {
+                self.recompress_block(start, codec, &eligible, &mut stats);
+            } else {
+                for i in start..end {
+                    if eligible(self.inner.slots[i as usize].peek()) {
+                        self.recompress_page(i, codec, &eligible, &mut stats);
+                    }
+                }
+            }
+            start = end;
+        }
+        self.inner
+            .counters
+            .recompressed
+            .fetch_add(stats.pages_recompressed, Ordering::Relaxed);
+        stats
+    }
+
+    fn recompress_block(
+        &self,
+        start: u64,
+        codec: zmem_codec::Codec,
+        eligible: &dyn Fn(State) -> bool,
+        stats: &mut RecompressStats,
+    ) {
+        let inner = &self.inner;
+        let n = MAX_BLOCK_PAGES;
+        // Lock the run in ascending order (every multi-page lock in the store does), decode it,
+        // compress it as one block, and swap it in only if it is smaller.
+        let mut held: Vec<(State, u64)> = Vec::with_capacity(n);
+        for i in 0..n {
+            held.push(inner.slots[start as usize + i].lock());
+        }
+        let unlock_all = |held: &[(State, u64)]| {
+            for (i, (st, _)) in held.iter().enumerate() {
+                inner.slots[start as usize + i].unlock_keep(*st, 0);
+            }
+        };
+        if !held.iter().all(|(st, _)| eligible(*st)) {
+            unlock_all(&held);
+            return;
+        }
+        let mut data = vec![0u8; n * PAGE_SIZE];
+        for (i, (_, aux)) in held.iter().enumerate() {
+            if inner
+                .decode_object(
+                    start + i as u64,
+                    *aux,
+                    &mut data[i * PAGE_SIZE..][..PAGE_SIZE],
+                )
+                .is_err()
+            {
+                unlock_all(&held);
+                return;
+            }
+        }
+        let before: u64 = held.iter().map(|(st, _)| u64::from(st.len())).sum();
+        let Ok((obj, enc)) = self
+            .engine
+            .compress_now(codec, inner.dict.as_deref(), &data)
+        else {
+            unlock_all(&held);
+            return;
+        };
+        if obj.len() as u64 >= before || enc.codec == CodecId::Raw {
+            unlock_all(&held);
+            return;
+        }
+        let Ok(handle) = inner.pool.alloc(&obj) else {
+            unlock_all(&held);
+            return;
+        };
+        inner.block_adjust(handle.to_raw(), n as i64);
+        let state = State::new(BLOCK).with_object(enc.codec as u8, obj.len());
+        for (i, (st, aux)) in held.iter().enumerate() {
+            inner.release(*st, *aux);
+            let s = state.with_block(i, n).with_flag(IDLE, st.has(IDLE));
+            inner.count_new(s, 1);
+            inner.slots[start as usize + i].unlock_with(s, handle.to_raw());
+        }
+        stats.pages_recompressed += n as u64;
+        stats.blocks_built += 1;
+        stats.bytes_before += before;
+        stats.bytes_after += obj.len() as u64;
+    }
+
+    fn recompress_page(
+        &self,
+        index: u64,
+        codec: zmem_codec::Codec,
+        eligible: &dyn Fn(State) -> bool,
+        stats: &mut RecompressStats,
+    ) {
+        let inner = &self.inner;
+        let slot = &inner.slots[index as usize];
+        let (st, aux) = slot.lock();
+        if !eligible(st) {
+            slot.unlock_keep(st, 0);
+            return;
+        }
+        let mut page = [0u8; PAGE_SIZE];
+        let better = inner
+            .decode_object(index, aux, &mut page)
+            .ok()
+            .and_then(|_| {
+                self.engine
+                    .compress_now(codec, inner.dict.as_deref(), &page)
+                    .ok()
+            })
+            .filter(|(obj, enc)| obj.len() < st.len() as usize && enc.codec != CodecId::Raw)
+            .and_then(|(obj, enc)| inner.pool.alloc(&obj).ok().map(|h| (h, obj.len(), enc)));
+        match better {
+            Some((handle, len, enc)) => {
+                inner.release(st, aux);
+                let s = State::new(OBJECT)
+                    .with_object(enc.codec as u8, len)
+                    .with_flag(IDLE, st.has(IDLE));
+                inner.count_new(s, 1);
+                slot.unlock_with(s, handle.to_raw());
+                stats.pages_recompressed += 1;
+                stats.bytes_before += u64::from(st.len());
+                stats.bytes_after += len as u64;
+            }
+            None => slot.unlock_keep(st, 0),
+        }
+    }
+}

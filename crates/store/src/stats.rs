@@ -1,0 +1,73 @@
+//! What the store reports: [`StoreStats`] (zram's mm_stat plus zmem's own counters), the
+//! result of a recompression pass, and the relaxed atomic counters behind them. A leaf of the
+//! crate (it imports nothing from its siblings); [`StoreCore::stats`] assembles the snapshot.
+//!
+//! [`StoreCore::stats`]: crate::StoreCore::stats
+
+use std::sync::atomic::AtomicU64;
+
+use zmem_engine::EngineStats;
+use zmem_pool::PoolStats;
+
+/// Statistics with the meaning of zram's mm_stat, plus zmem's own counters.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct StoreStats {
+    /// Bytes of pages stored (all non-empty pages, same-filled and pending included).
+    pub orig_data_size: u64,
+    /// Bytes of compressed objects (headers included).
+    pub compr_data_size: u64,
+    /// Bytes the pool holds from the OS.
+    pub mem_used_total: u64,
+    pub mem_limit: u64,
+    pub mem_used_max: u64,
+    pub same_pages: u64,
+    pub pages_compacted: u64,
+    /// Pages stored raw because they did not compress below the rejection threshold.
+    pub huge_pages: u64,
+    /// Written pages still waiting for compression.
+    pub pending_pages: u64,
+    pub block_pages: u64,
+    /// Asynchronous writes whose install failed (memory limit); the pages stay readable.
+    pub write_failures: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub discards: u64,
+    /// Nanoseconds spent decoding on reads.
+    pub decompress_nanos: u64,
+    pub recompressed_pages: u64,
+    /// Pages moved out of sparse group blocks into new blocks
+    /// ([`StoreCore::repack_groups`](crate::StoreCore::repack_groups)).
+    pub repacked_pages: u64,
+    /// Not serialised (the engine's and the pool's own types have no schema).
+    #[serde(skip)]
+    pub engine: EngineStats,
+    #[serde(skip)]
+    pub pool: PoolStats,
+}
+
+/// Result of one recompression pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecompressStats {
+    pub pages_recompressed: u64,
+    pub blocks_built: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) stored: AtomicU64,
+    pub(crate) same: AtomicU64,
+    pub(crate) huge: AtomicU64,
+    pub(crate) pending: AtomicU64,
+    pub(crate) block_pages: AtomicU64,
+    pub(crate) write_failures: AtomicU64,
+    pub(crate) reads: AtomicU64,
+    pub(crate) writes: AtomicU64,
+    pub(crate) discards: AtomicU64,
+    pub(crate) decompress_nanos: AtomicU64,
+    pub(crate) recompressed: AtomicU64,
+    pub(crate) repacked: AtomicU64,
+    /// Objects decoded (tests check that a block is decoded once per batch).
+    pub(crate) decodes: AtomicU64,
+}
