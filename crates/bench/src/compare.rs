@@ -11,7 +11,7 @@ use crate::blockdev::BlockDevTarget;
 use crate::corpus::{default_corpus, Corpus};
 use crate::kernel::zram::ZramSession;
 use crate::pages::{self, PagesResult, PagesSpec, Rw};
-use crate::report::{corpus_info, text_table, write_json, MachineInfo};
+use crate::report::{corpus_info, finish_chart, text_table, write_json, MachineInfo};
 use crate::target::POLICIES;
 use crate::zmem_target::{self, ZmemTargetConfig};
 use clap::Args;
@@ -360,14 +360,7 @@ pub fn plot(cmp: &Comparison, specs: &[PagesSpec], path: &Path) -> anyhow::Resul
             .label(label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish_chart(&root, &mut chart, SeriesLabelPosition::UpperRight)
 }
 
 /// x axis of the chart: one unit per cell, a tick (and label) at the centre of each.

@@ -1,10 +1,12 @@
 //! What every benchmark reports through: the JSON file (with the machine and the corpus), text
-//! tables, progress bars. Imports nothing from the benchmarks.
+//! tables, progress bars, the charts' common legend. Imports nothing from the benchmarks.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use plotters::coord::CoordTranslate;
+use plotters::prelude::*;
 use serde::Serialize;
 
 use crate::corpus::Corpus;
@@ -135,4 +137,29 @@ pub fn text_table(header: &[String], rows: &[Vec<String>]) -> String {
         out.push_str(&line(r));
     }
     out
+}
+
+/// Every chart's legend: a white box with a black border, at `pos`.
+pub fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    pos: SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(pos)
+        .draw()?;
+    Ok(())
+}
+
+/// The legend of a one-chart SVG, then the file is written out.
+pub fn finish_chart<'a, CT: CoordTranslate>(
+    root: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    pos: SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    legend(chart, pos)?;
+    root.present()?;
+    Ok(())
 }

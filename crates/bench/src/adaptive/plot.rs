@@ -5,6 +5,8 @@ use std::path::Path;
 use anyhow::Context;
 use plotters::prelude::*;
 
+use crate::report::finish_chart;
+
 use super::{Report, MIB};
 use zmem_runenv::size::{format_size, format_size_mg};
 
@@ -111,12 +113,5 @@ pub fn plot(r: &Report, path: &Path) -> anyhow::Result<()> {
         ))?
         .label("reserve (right axis)")
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 6, y)], red.mix(0.7)));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::MiddleRight)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish_chart(&root, &mut chart, SeriesLabelPosition::MiddleRight)
 }

@@ -46,6 +46,22 @@ pub fn swaps() -> anyhow::Result<Vec<SwapEntry>> {
     Ok(parse_swaps(&text))
 }
 
+/// A note for the other active swap devices the kernel may use beside zram0 (None if there are
+/// none); `then` says what that means for the benchmark at hand.
+pub fn other_swap_note(active: &[SwapEntry], then: &str) -> Option<String> {
+    if active.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = active
+        .iter()
+        .map(|s| format!("{} priority {}", s.device, s.priority))
+        .collect();
+    Some(format!(
+        "zmem: note: other swap is active ({}); {then}",
+        list.join(", ")
+    ))
+}
+
 /// The swap header of a device of `pages` 4 KiB pages (what mkswap writes: version 1,
 /// last_page, no bad pages, the "SWAPSPACE2" signature at the end of the first page).
 pub fn swap_header(pages: u64, label: &str) -> anyhow::Result<Vec<u8>> {

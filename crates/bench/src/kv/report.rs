@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::plan::Plan;
 use super::{KvConfig, MIB, TARGET_DATA_VS_NOSWAP, TARGET_DATA_VS_ZRAM, TARGET_GET_VS_ZRAM};
 use crate::kernel::zram::MmStat;
-use crate::report::text_table;
+use crate::report::{legend, text_table};
 use zmem_runenv::size::{format_mib, format_size};
 
 /// Measurements after one step.
@@ -426,12 +426,7 @@ pub fn plot(plan: &Plan, results: &[ConfigResult], path: &Path) -> anyhow::Resul
                 ))?;
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     root.present()?;
     Ok(())

@@ -8,7 +8,7 @@ use anyhow::Context;
 use crate::abort::{aborted, Interrupted};
 use crate::corpus::{default_corpus, Corpus};
 use crate::kernel::memcg::{oom_kills, MemCgroup, CGROUP_PREFIX, MEMCG_ROOT};
-use crate::kernel::swap::{swaps, SwapOn, SWAP_PRIORITY};
+use crate::kernel::swap::{other_swap_note, swaps, SwapOn, SWAP_PRIORITY};
 use crate::kernel::zram::{self, ZramSession, ZRAM_INDEX};
 use crate::process::{describe_status, ScratchDir};
 use crate::report::{corpus_info, write_json, MachineInfo};
@@ -50,17 +50,13 @@ pub fn run(args: &KvArgs, spec: &ServerSpec) -> anyhow::Result<()> {
             }
         }
     }
-    let other_swap = swaps()?;
-    if !other_swap.is_empty() {
-        let list: Vec<String> = other_swap
-            .iter()
-            .map(|s| format!("{} priority {}", s.device, s.priority))
-            .collect();
-        eprintln!(
-            "zmem: note: other swap is active ({}); zram's configuration may use it beside \
-             zram0 (noswap and zmem get no swap: memory.memsw.limit_in_bytes)",
-            list.join(", ")
-        );
+    let note = other_swap_note(
+        &swaps()?,
+        "zram's configuration may use it beside zram0 (noswap and zmem get no swap: \
+         memory.memsw.limit_in_bytes)",
+    );
+    if let Some(note) = note {
+        eprintln!("{note}");
     }
     crate::abort::install_abort_handler();
     // Orphans of a server that forks (zmem run's child) become ours, so that they are reaped.

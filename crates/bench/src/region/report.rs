@@ -6,7 +6,7 @@ use anyhow::Context;
 
 use super::side::{EvictionComparison, SideResult};
 use super::{Pattern, Workload};
-use crate::report::text_table;
+use crate::report::{finish_chart, text_table};
 
 /// The faults per access of clock against fifo, on one line.
 pub(super) fn eviction_line(e: &EvictionComparison, w: &Workload) -> String {
@@ -208,12 +208,5 @@ pub fn plot(results: &[SideResult], w: &Workload, path: &Path) -> anyhow::Result
             .label(r.label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish_chart(&root, &mut chart, SeriesLabelPosition::UpperRight)
 }

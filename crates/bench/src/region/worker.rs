@@ -34,7 +34,7 @@ use crate::kernel::memcg::{
     cg_read_u64, cg_write, memory_stat, oom_kills, MemCgroup, CGROUP_PREFIX, MEMCG_ROOT, STAT_POLL,
 };
 use crate::kernel::memcg::{memcg_v1_available, note_leftover_cgroups};
-use crate::kernel::swap::{swaps, SwapOn, SWAP_PRIORITY};
+use crate::kernel::swap::{other_swap_note, swaps, SwapOn, SWAP_PRIORITY};
 use crate::kernel::zram::{self, parse_mm_stat, MmStat, ZramError, ZramSession, ZRAM_INDEX};
 use crate::process::{self, signal_name};
 use zmem_os::{Mapping, MappingFlags};
@@ -90,16 +90,12 @@ pub fn run_kernel(
         }
         Err(e) => return Err(e.into()),
     };
-    if !swaps_before.is_empty() {
-        let list: Vec<String> = swaps_before
-            .iter()
-            .map(|s| format!("{} priority {}", s.device, s.priority))
-            .collect();
-        eprintln!(
-            "zmem: note: other swap is active ({}); it is left alone and the kernel may use it \
-             beside zram0 (which gets priority {SWAP_PRIORITY})",
-            list.join(", ")
-        );
+    let then = format!(
+        "it is left alone and the kernel may use it beside zram0 (which gets priority \
+         {SWAP_PRIORITY})"
+    );
+    if let Some(note) = other_swap_note(&swaps_before, &then) {
+        eprintln!("{note}");
     }
     // Room for the whole working set and the worker's own pages, never the limit of the run.
     let disksize = (w.size + w.size / 4 + (64 << 20)).div_ceil(4096) * 4096;
