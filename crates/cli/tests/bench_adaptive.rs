@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{corpus, fails_with, read_json, zmem};
+use support::{corpus, fails_with, read_json, tmpdir, zmem};
 
 const GIB: u64 = 1 << 30;
 
@@ -83,7 +83,7 @@ fn budget_falls_under_the_hog_and_grows_back() {
         eprintln!("skipping: {why}");
         return;
     }
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let json = dir.path().join("adaptive.json");
     let svg = dir.path().join("adaptive.svg");
     let corpus = corpus().unwrap();

@@ -7,14 +7,13 @@
 mod support;
 
 use support::{
-    corpus, fails_with, machine_state, read_json, tmpdir, zmem, MachineState, KERNEL, MEMCG,
+    corpus, fails_with, kernel, machine_state, read_json, tmpdir, zmem, zmem_cmd, MachineState,
+    MEMCG, MIB,
 };
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-const MIB: u64 = 1 << 20;
 
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
@@ -164,7 +163,7 @@ fn check_config(r: &serde_json::Value, step: u64, gets: u64) {
 /// A small noswap + zram run of `server`: noswap is OOM-killed below the limit, zram holds more,
 /// every step verified, the machine restored.
 fn noswap_and_zram(server: &str, bin: &str) {
-    let _g = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = kernel();
     let Some((c, before)) = real_run_possible(bin, true) else {
         return;
     };
@@ -278,39 +277,37 @@ fn cgroup_tasks(pid: u32) -> Vec<u32> {
 
 #[test]
 fn interrupt_during_zram_restores_the_machine() {
-    let _g = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = kernel();
     let Some((c, before)) = real_run_possible("redis-server", true) else {
         return;
     };
     let dir = tmpdir();
     let json = dir.path().join("kv.json");
     let svg = dir.path().join("kv.svg");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zmem"))
-        .args([
-            "bench",
-            "redis",
-            "--configs",
-            "zram",
-            "--limit",
-            "32M",
-            "--step",
-            "4M",
-            "--max-data",
-            "4G",
-            "--gets",
-            "200000",
-            "--corpus",
-            &c,
-            "--json",
-            &json.display().to_string(),
-            "--svg",
-            &svg.display().to_string(),
-        ])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = zmem_cmd(&[
+        "bench",
+        "redis",
+        "--configs",
+        "zram",
+        "--limit",
+        "32M",
+        "--step",
+        "4M",
+        "--max-data",
+        "4G",
+        "--gets",
+        "200000",
+        "--corpus",
+        &c,
+        "--json",
+        &json.display().to_string(),
+        "--svg",
+        &svg.display().to_string(),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     // Wait until the server runs in its cgroup with zram as swap.
     let t0 = Instant::now();
     let mut server = None;
@@ -357,7 +354,7 @@ fn zmem_run_available() -> bool {
 
 #[test]
 fn zmem_config_runs_or_says_why_not() {
-    let _g = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = kernel();
     let Some((c, before)) = real_run_possible("redis-server", false) else {
         return;
     };

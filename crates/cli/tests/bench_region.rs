@@ -5,11 +5,12 @@
 mod support;
 
 use support::{
-    corpus, fails_with, machine_state, read_json, tmpdir, zmem, MachineState, KERNEL, MEMCG,
+    corpus, fails_with, kernel, machine_state, read_json, tmpdir, zmem, zmem_cmd, MachineState,
+    MEMCG,
 };
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -254,7 +255,7 @@ fn raced(doc: &serde_json::Value) -> bool {
 
 #[test]
 fn kernel_zram_run_restores_the_machine() {
-    let _g = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = kernel();
     let Some(c) = corpus() else {
         eprintln!("skipped: no corpus");
         return;
@@ -312,7 +313,7 @@ fn kernel_zram_run_restores_the_machine() {
 
 #[test]
 fn failing_worker_still_restores_the_machine() {
-    let _g = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = kernel();
     let Some(c) = corpus() else {
         eprintln!("skipped: no corpus");
         return;
@@ -380,7 +381,7 @@ fn failing_worker_still_restores_the_machine() {
 
 #[test]
 fn interrupt_during_the_kernel_side_restores_the_machine() {
-    let _g = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = kernel();
     let Some(c) = corpus() else {
         eprintln!("skipped: no corpus");
         return;
@@ -392,31 +393,29 @@ fn interrupt_during_the_kernel_side_restores_the_machine() {
     let json = dir.path().join("k.json");
     let plot = dir.path().join("k.svg");
     let (js, ps) = (json.display().to_string(), plot.display().to_string());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zmem"))
-        .args([
-            "bench",
-            "region",
-            "--kernel-zram",
-            "--size",
-            "32M",
-            "--resident",
-            "16M",
-            "--accesses",
-            "1000",
-            "--corpus",
-            &c,
-            "--json",
-            &js,
-            "--plot",
-            &ps,
-            "--worker-fail",
-            "hang",
-        ])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = zmem_cmd(&[
+        "bench",
+        "region",
+        "--kernel-zram",
+        "--size",
+        "32M",
+        "--resident",
+        "16M",
+        "--accesses",
+        "1000",
+        "--corpus",
+        &c,
+        "--json",
+        &js,
+        "--plot",
+        &ps,
+        "--worker-fail",
+        "hang",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     // The worker hangs after its fill: wait until its cgroup has it and a limit.
     let cg = PathBuf::from(format!("{MEMCG}/zmem-bench-{}", child.id()));
     let t0 = Instant::now();

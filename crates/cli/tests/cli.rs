@@ -2,7 +2,7 @@
 
 mod support;
 
-use support::{corpus_args, fails_with, zmem};
+use support::{corpus_args, fails_with, tmpdir, zmem};
 
 #[test]
 fn unknown_rw() {
@@ -106,7 +106,7 @@ fn pages_on_a_regular_file_writes_json() {
         eprintln!("skipped: no corpus");
         return;
     }
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let img = dir.path().join("disk.img");
     std::fs::File::create(&img)
         .unwrap()

@@ -8,70 +8,22 @@
 //! programs fail (never skip) when `cargo build --workspace` has not put it next to zmem. Those
 //! that need /dev/userfaultfd skip with the reason where it cannot be opened.
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
+mod support;
+
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use zmem_region::{Budget, Region, RegionConfig, MIN_BUDGET_PAGES, PAGE};
-
-/// The machine has few cores: the programs run one at a time.
-static HEAVY: Mutex<()> = Mutex::new(());
-
-fn heavy() -> std::sync::MutexGuard<'static, ()> {
-    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn zmem_exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_zmem"))
-}
-
-fn require_preload() {
-    let lib = zmem_exe().parent().unwrap().join("libzmem_preload.so");
-    assert!(
-        lib.is_file(),
-        "{} is missing: run `cargo build --workspace` before `cargo test`",
-        lib.display()
-    );
-}
-
-fn userfaultfd_available() -> bool {
-    let cfg = RegionConfig::new(1 << 20, Budget::Fixed((MIN_BUDGET_PAGES * PAGE) as u64));
-    match Region::new(cfg) {
-        Ok(_) => true,
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            false
-        }
-    }
-}
-
-/// A private socket directory (zmem refuses one other users could enter).
-fn socket_dir() -> tempfile::TempDir {
-    use std::os::unix::fs::PermissionsExt;
-    let d = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    d
-}
+use support::{
+    heavy, ready, require_preload, socket_dir, userfaultfd_available, zmem_cmd, zmem_in, Skip,
+};
 
 /// What a test that runs programs under zmem needs: the preload library (or it fails),
 /// userfaultfd (or it skips: None), the machine to itself, a socket directory.
 fn program_test() -> Option<(std::sync::MutexGuard<'static, ()>, tempfile::TempDir)> {
-    require_preload();
-    if !userfaultfd_available() {
+    if !ready(Skip::AnyFailure) {
         return None;
     }
     Some((heavy(), socket_dir()))
-}
-
-fn zmem(args: &[&str], socket_dir: &std::path::Path) -> Output {
-    Command::new(zmem_exe())
-        .args(args)
-        .env("ZMEM_SOCKET_DIR", socket_dir)
-        .env_remove("RUST_LOG")
-        .env_remove("ZMEM_PRELOAD")
-        .output()
-        .expect("running zmem")
 }
 
 #[test]
@@ -79,7 +31,7 @@ fn builtin_demo_verifies_every_value_and_reports_its_savings() {
     let Some((_g, sockets)) = program_test() else {
         return;
     };
-    let out = zmem(
+    let out = zmem_in(
         &["demo", "--size", "32M", "--resident", "8M"],
         sockets.path(),
     );
@@ -109,7 +61,7 @@ fn a_corrupted_value_is_caught_and_named() {
     let Some((_g, sockets)) = program_test() else {
         return;
     };
-    let out = zmem(
+    let out = zmem_in(
         &[
             "demo",
             "--size",
@@ -139,7 +91,7 @@ fn bad_demo_flags_are_one_line_errors() {
         (&["demo", "sideways"][..], "sideways"),
         (&["demo-worker", "--size", "1k"][..], "too small"),
     ] {
-        let out = zmem(args, sockets.path());
+        let out = zmem_in(args, sockets.path());
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
@@ -152,7 +104,7 @@ fn bad_demo_flags_are_one_line_errors() {
 fn demo_store_names_the_corpus_it_needs() {
     let sockets = socket_dir();
     let missing = sockets.path().join("no-corpus");
-    let out = zmem(
+    let out = zmem_in(
         &["demo", "store", "--corpus", missing.to_str().unwrap()],
         sockets.path(),
     );
@@ -166,13 +118,13 @@ fn demo_store_names_the_corpus_it_needs() {
 fn doctor_agrees_with_this_machine() {
     require_preload();
     let sockets = socket_dir();
-    let out = zmem(&["doctor", "--json"], sockets.path());
+    let out = zmem_in(&["doctor", "--json"], sockets.path());
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
     let ok = doc["ok"].as_bool().unwrap();
     assert_eq!(out.status.code(), Some(if ok { 0 } else { 1 }));
     // The tests' own probe: a region can be made exactly when doctor says zmem run can work
     // (the kernel and the preload library being there too).
-    assert_eq!(ok, userfaultfd_available(), "{doc}");
+    assert_eq!(ok, userfaultfd_available(Skip::AnyFailure), "{doc}");
     let items: Vec<&str> = doc["checks"]
         .as_array()
         .unwrap()
@@ -188,7 +140,7 @@ fn doctor_agrees_with_this_machine() {
     ] {
         assert!(items.contains(&item), "{item}: {items:?}");
     }
-    let text = zmem(&["doctor"], sockets.path());
+    let text = zmem_in(&["doctor"], sockets.path());
     let table = String::from_utf8_lossy(&text.stdout);
     assert!(table.starts_with("STATUS"), "{table}");
 }
@@ -199,9 +151,8 @@ fn stat_all_and_prometheus_see_a_running_program() {
         return;
     };
     // A shell that allocates a little (through its own malloc) and then waits.
-    let mut child = Command::new(zmem_exe())
-        .args(["run", "--quiet", "--resident", "16M", "--", "sleep", "30"])
-        .env("ZMEM_SOCKET_DIR", sockets.path())
+    let mut child = zmem_cmd(&["run", "--quiet", "--resident", "16M", "--", "sleep", "30"])
+        .env(zmem_runenv::ENV_SOCKET_DIR, sockets.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -211,7 +162,7 @@ fn stat_all_and_prometheus_see_a_running_program() {
     let t = Instant::now();
     let mut prom = String::new();
     while t.elapsed() < Duration::from_secs(20) {
-        let out = zmem(&["stat", "--all", "--prometheus"], sockets.path());
+        let out = zmem_in(&["stat", "--all", "--prometheus"], sockets.path());
         assert!(out.status.success());
         prom = String::from_utf8_lossy(&out.stdout).into_owned();
         if prom.contains("zmem_budget_bytes{") {
@@ -219,7 +170,7 @@ fn stat_all_and_prometheus_see_a_running_program() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let table = zmem(&["stat", "--all"], sockets.path());
+    let table = zmem_in(&["stat", "--all"], sockets.path());
     // SAFETY: signalling our own child (zmem run passes SIGTERM on to the program).
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();

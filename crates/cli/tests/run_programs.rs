@@ -12,6 +12,8 @@
 //! ports of 127.0.0.1 only, and every process a test starts is stopped by its pid (SIGTERM, then
 //! SIGKILL after a timeout) when the test ends, whether it passes or not.
 
+mod support;
+
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
@@ -19,73 +21,17 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use zmem_region::{Budget, Region, RegionConfig, RegionError, MIN_BUDGET_PAGES, PAGE};
+use support::{
+    heavy, is_root, read_json, require_preload, socket_dir, tmpdir, zmem_cmd, zmem_exe, Skip, MIB,
+};
+use zmem_region::PAGE;
 
-const MIB: u64 = 1 << 20;
-
-/// The machine has few cores: the heavy tests run one at a time.
-static HEAVY: Mutex<()> = Mutex::new(());
-
-fn heavy() -> std::sync::MutexGuard<'static, ()> {
-    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn zmem_exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_zmem"))
-}
-
-/// Fails (never skips) when the preload library has not been built next to zmem.
-fn require_preload() {
-    let lib = zmem_exe()
-        .parent()
-        .expect("zmem has a directory")
-        .join("libzmem_preload.so");
-    assert!(
-        lib.is_file(),
-        "{} is missing: run `cargo build --workspace` before `cargo test` (the preload library \
-         is a cdylib, which `cargo test` does not build)",
-        lib.display()
-    );
-}
-
-/// Whether this user can make a region; prints why not.
-fn userfaultfd_available() -> bool {
-    let cfg = RegionConfig::new(1 << 20, Budget::Fixed((MIN_BUDGET_PAGES * PAGE) as u64));
-    match Region::new(cfg) {
-        Ok(_) => true,
-        Err(e @ RegionError::Permission { .. }) => {
-            eprintln!("skipped: {e}");
-            false
-        }
-        Err(e) => panic!("creating a region: {e}"),
-    }
-}
-
-/// The common preamble of the tests that run a program under zmem.
+/// The common preamble of the tests that run a program under zmem: only a missing userfaultfd
+/// permission skips.
 fn ready() -> bool {
-    require_preload();
-    userfaultfd_available()
-}
-
-fn tmpdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("run-programs-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("a temporary directory")
-}
-
-/// A short directory for stats sockets (a unix socket's path has at most 107 bytes), private
-/// to this user as zmem requires.
-fn socket_dir() -> tempfile::TempDir {
-    let d = tempfile::Builder::new()
-        .prefix("zmem-sock-")
-        .tempdir()
-        .expect("a temporary directory");
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    d
+    support::ready(Skip::PermissionOnly)
 }
 
 fn installed(bin: &str) -> Option<PathBuf> {
@@ -368,21 +314,6 @@ fn run_to_end(cmd: Command, dir: &Path, tag: &str, timeout: Duration) -> Finishe
         stdout: p.stdout_text(),
         stderr: p.stderr_text(),
     }
-}
-
-fn zmem_cmd(args: &[&str]) -> Command {
-    let mut c = Command::new(zmem_exe());
-    c.args(args);
-    for v in zmem_runenv::ALL_VARS {
-        c.env_remove(v);
-    }
-    c
-}
-
-fn read_report(path: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("the --stats file {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
 }
 
 /// A figure of the statistics JSON (`zmem_runenv::ProcessStats`): a process-level field, or one
@@ -721,7 +652,7 @@ fn c_malloc_stress() {
         "the live data peaked at {} MiB only",
         peak / MIB
     );
-    let report = read_report(&stats);
+    let report = read_json(&stats);
     assert_eq!(report["exit_code"], 0, "{report}");
     let z = &report["zmem"];
     assert_eq!(num(z, "budget"), 16 * MIB, "{z}");
@@ -768,7 +699,7 @@ fn fork_and_exec() {
         "{}",
         out.stdout
     );
-    let report = read_report(&stats);
+    let report = read_json(&stats);
     let z = &report["zmem"];
     assert_eq!(report["exit_code"], 0, "{report}");
     assert_eq!(report["source"], "exit report", "{report}");
@@ -877,7 +808,7 @@ fn redis_holds_several_times_its_budget() {
         "zmem run -- redis-server: {}",
         tail(&zmem.stderr_text())
     );
-    let report = read_report(&stats);
+    let report = read_json(&stats);
     check_holds_several_times(&report, 32 * MIB, "redis");
     assert!(
         num(&report["zmem"], "forks") >= 1,
@@ -1041,8 +972,7 @@ fn memcached_holds_several_times_its_budget() {
         .args(["-U", "0", "-m", "1024", "-t", "2"])
         .env(zmem_runenv::ENV_SOCKET_DIR, sockets.path());
     // memcached refuses to run as root unless told which user to be.
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if is_root() {
         cmd.args(["-u", "root"]);
     }
     let mut zmem = Proc::start(cmd, dir.path(), "zmem-memcached");
@@ -1086,7 +1016,7 @@ fn memcached_holds_several_times_its_budget() {
         "zmem run -- memcached after SIGTERM: {}",
         tail(&zmem.stderr_text())
     );
-    let report = read_report(&stats);
+    let report = read_json(&stats);
     check_holds_several_times(&report, 32 * MIB, "memcached");
     assert_eq!(num(&report["zmem"], "pid"), mc_pid as u64, "{report}");
     let z = &report["zmem"];
@@ -1222,8 +1152,7 @@ fn bad_input() {
 /// `zmem run -- true` as nobody, who may not open /dev/userfaultfd: exit 1 and a message naming
 /// it; with --fallback the program runs uncompressed, with a warning.
 fn without_userfaultfd_permission(d: &Path) {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         eprintln!("skipped part: running as user nobody needs root");
         return;
     }

@@ -1,5 +1,7 @@
 //! What the tests of the `zmem` binary share: running it, checking its one-line errors, the
-//! corpus, scratch directories, JSON outputs, root checks.
+//! corpus, scratch directories, JSON outputs, root checks, the locks that keep heavy tests apart,
+//! and the preamble of the tests that run programs under `zmem run` (the preload library, the
+//! userfaultfd probe, a private socket directory).
 //!
 //! The binary-driven tests live in this package (not in zmem-bench's) because only here does
 //! `env!("CARGO_BIN_EXE_zmem")` name a `zmem` that cargo has built, fresh, for the test run.
@@ -8,21 +10,129 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
+
+use zmem_cli::run::RunError;
+
+pub const MIB: u64 = 1 << 20;
 
 /// The kernel-side tests share /dev/zram0: one at a time.
 pub static KERNEL: Mutex<()> = Mutex::new(());
 
+/// The machine has few cores: the tests that run programs under zmem run one at a time.
+pub static HEAVY: Mutex<()> = Mutex::new(());
+
 /// Mount point of the cgroup v1 memory controller.
 pub const MEMCG: &str = "/sys/fs/cgroup/memory";
 
-/// Runs the built `zmem` with `args` (RUST_LOG removed).
-pub fn zmem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zmem"))
-        .args(args)
+/// Holds `m` (also after another test panicked holding it).
+pub fn lock(m: &'static Mutex<()>) -> MutexGuard<'static, ()> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The kernel side to this test alone ([`KERNEL`]).
+pub fn kernel() -> MutexGuard<'static, ()> {
+    lock(&KERNEL)
+}
+
+/// The machine to this test alone ([`HEAVY`]).
+pub fn heavy() -> MutexGuard<'static, ()> {
+    lock(&HEAVY)
+}
+
+/// The built `zmem`.
+pub fn zmem_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_zmem"))
+}
+
+/// The built `zmem` with `args`, not yet started, in a clean environment: RUST_LOG,
+/// ZMEM_PRELOAD and every variable of zmem's own (`zmem_runenv::ALL_VARS`) removed.
+pub fn zmem_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(zmem_exe());
+    c.args(args)
         .env_remove("RUST_LOG")
+        .env_remove(zmem_cli::run::ENV_PRELOAD);
+    for v in zmem_runenv::ALL_VARS {
+        c.env_remove(v);
+    }
+    c
+}
+
+/// Runs the built `zmem` with `args` ([`zmem_cmd`]'s environment).
+pub fn zmem(args: &[&str]) -> Output {
+    zmem_cmd(args).output().expect("running zmem")
+}
+
+/// Runs the built `zmem` with `args` and its stats sockets in `sockets`.
+pub fn zmem_in(args: &[&str], sockets: &Path) -> Output {
+    zmem_cmd(args)
+        .env(zmem_runenv::ENV_SOCKET_DIR, sockets)
         .output()
         .expect("running zmem")
+}
+
+/// Fails (never skips) when the preload library has not been built next to zmem.
+pub fn require_preload() {
+    let lib = zmem_exe()
+        .parent()
+        .expect("zmem has a directory")
+        .join("libzmem_preload.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing: run `cargo build --workspace` before `cargo test` (the preload library \
+         is a cdylib, which `cargo test` does not build)",
+        lib.display()
+    );
+}
+
+/// Which failures of the userfaultfd probe skip a test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Skip {
+    /// Any: the test skips wherever zmem cannot serve a heap.
+    AnyFailure,
+    /// Only a missing permission to open userfaultfd; any other failure fails the test.
+    PermissionOnly,
+}
+
+/// The message of `zmem_region::RegionError::Permission`, which
+/// `zmem_cli::run::check_userfaultfd` passes on as the text of `RunError::Unavailable`.
+const PERMISSION: &str = "cannot open /dev/userfaultfd";
+
+/// Whether this user can make a region here (`zmem_cli::run::check_userfaultfd`, the check
+/// `zmem run` makes before it starts a program); prints why not ("skipped: ...") when `skip`
+/// lets the failure skip the test, and panics otherwise.
+pub fn userfaultfd_available(skip: Skip) -> bool {
+    match zmem_cli::run::check_userfaultfd() {
+        Ok(()) => true,
+        Err(e) => {
+            let permission =
+                matches!(&e, RunError::Unavailable(why) if why.starts_with(PERMISSION));
+            if skip == Skip::PermissionOnly && !permission {
+                panic!("creating a region: {e}");
+            }
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
+/// The preamble of a test that runs a program under zmem: the preload library (or it fails),
+/// userfaultfd (or, as `skip` says, it skips: false).
+pub fn ready(skip: Skip) -> bool {
+    require_preload();
+    userfaultfd_available(skip)
+}
+
+/// A short directory for stats sockets (a unix socket's path has at most 107 bytes), private
+/// to this user (0700) as zmem requires.
+pub fn socket_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::Builder::new()
+        .prefix("zmem-sock-")
+        .tempdir()
+        .expect("a temporary directory");
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    d
 }
 
 /// Asserts a failure with exit status 2 and exactly one stderr line `zmem: error: ...`
@@ -64,7 +174,7 @@ pub fn tmpdir() -> tempfile::TempDir {
 /// The JSON file at `p`.
 pub fn read_json(p: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).unwrap()
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", p.display()))
 }
 
 /// Whether the tests run as root.
