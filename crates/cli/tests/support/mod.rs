@@ -63,12 +63,33 @@ pub fn zmem(args: &[&str]) -> Output {
     zmem_cmd(args).output().expect("running zmem")
 }
 
-/// Runs the built `zmem` with `args` and its stats sockets in `sockets`.
+/// How long a program run under zmem by a test may take before the test calls it a hang.
+pub const HANG: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Runs the built `zmem` with `args` and its stats sockets in `sockets`, in a process group of
+/// its own that is killed, and the test failed, if it runs past [`HANG`]: a hang of zmem (or of
+/// the program under it) must fail the suite, not stall it.
 pub fn zmem_in(args: &[&str], sockets: &Path) -> Output {
-    zmem_cmd(args)
-        .env(zmem_runenv::ENV_SOCKET_DIR, sockets)
-        .output()
-        .expect("running zmem")
+    use std::os::unix::process::CommandExt;
+    let mut cmd = zmem_cmd(args);
+    cmd.env(zmem_runenv::ENV_SOCKET_DIR, sockets)
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("running zmem");
+    let pgid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(HANG) {
+        Ok(out) => out.expect("waiting for zmem"),
+        Err(_) => {
+            // SAFETY: kill(2) on the process group made above; no memory is touched.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            panic!("zmem {args:?} did not finish in {HANG:?}: killed (a hang)");
+        }
+    }
 }
 
 /// Fails (never skips) when the preload library has not been built next to zmem.
