@@ -232,19 +232,9 @@ pub(super) fn run_plan(a: &AdaptiveArgs, plan: &Plan, corpus: &Corpus) -> anyhow
     });
     drop(hog);
     let st = region.stats();
+    // The region's own statistics (one schema, serde), plus the figure the summary reads.
     let region_json = serde_json::json!({
-        "major_faults": st.major_faults,
-        "zero_faults": st.zero_faults,
-        "staged_faults": st.staged_faults,
-        "evictions": st.evictions,
-        "direct_evictions": st.direct_evictions,
-        "fault_latency_ns": {
-            "p50": st.fault_latency.p50, "p99": st.fault_latency.p99,
-            "p999": st.fault_latency.p999, "max": st.fault_latency.max,
-        },
-        "store_orig_data_size": st.store.orig_data_size,
-        "store_compr_data_size": st.store.compr_data_size,
-        "store_mem_used_total": st.store.mem_used_total,
+        "stats": st,
         "effective_ratio": st.effective_ratio(),
     });
     Ok(Report {

@@ -81,47 +81,12 @@ pub fn run_zmem(
             "direct_evictions": d(s1.direct_evictions, s0.direct_evictions),
         },
         "region_effective_ratio": s1.effective_ratio(),
-        "stats_after": region_stats_json(s1),
+        "stats_after": s1,
     });
     let mut r = SideResult::new(&label, "zmem", w, m.report, faults, memory, detail);
     r.handler_fault_latency = Some(Lat::from_region(&s1.fault_latency));
     drop(region);
     Ok(r)
-}
-
-pub(super) fn region_stats_json(s: &RegionStats) -> serde_json::Value {
-    serde_json::json!({
-        "size": s.size,
-        "budget": s.budget,
-        "resident": s.resident,
-        "staged": s.staged,
-        "major_faults": s.major_faults,
-        "zero_faults": s.zero_faults,
-        "staged_faults": s.staged_faults,
-        "fault_around_pages": s.fault_around_pages,
-        "evictions": s.evictions,
-        "direct_evictions": s.direct_evictions,
-        "unshared": s.unshared,
-        "forks": s.forks,
-        "fault_latency_ns": {
-            "count": s.fault_latency.count,
-            "p50": s.fault_latency.p50,
-            "p99": s.fault_latency.p99,
-            "p999": s.fault_latency.p999,
-            "max": s.fault_latency.max,
-        },
-        "store": {
-            "orig_data_size": s.store.orig_data_size,
-            "compr_data_size": s.store.compr_data_size,
-            "mem_used_total": s.store.mem_used_total,
-            "same_pages": s.store.same_pages,
-            "huge_pages": s.store.huge_pages,
-            "pending_pages": s.store.pending_pages,
-            "reads": s.store.reads,
-            "writes": s.store.writes,
-            "decompress_nanos": s.store.decompress_nanos,
-        },
-    })
 }
 
 /// `zmem bench region`.
