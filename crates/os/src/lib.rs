@@ -1,12 +1,15 @@
 //! What every zmem layer needs of the operating system, defined once: the page size zmem works
-//! in, anonymous mappings that unmap themselves, and the start hook of zmem's own threads.
+//! in, anonymous mappings that unmap themselves, the start hook of zmem's own threads, and
+//! system-call errors that print without libc (safe on zmem's threads).
 //!
 //! This crate is the bottom of the graph (it depends on libc only), so the codec, the pool, the
 //! engine, the store and the region can all share it without depending on each other.
 
+pub mod errno;
 pub mod mapping;
 pub mod thread;
 
+pub use errno::Errno;
 pub use mapping::{Mapping, MappingFlags};
 
 /// The page size zmem compresses, stores and faults in: the base page of x86-64 and of the

@@ -25,13 +25,18 @@ pub fn run_start_hook() {
     }
 }
 
+/// Stack of zmem's threads (Rust's default). Given explicitly because otherwise std reads
+/// `RUST_MIN_STACK` from the environment, which a program may have moved into its heap.
+pub const STACK_SIZE: usize = 2 << 20;
+
 /// Spawns a named zmem thread that runs the start hook before `f`.
 pub fn spawn<F, T>(name: String, f: F) -> io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    std::thread::Builder::new().name(name).spawn(move || {
+    let builder = std::thread::Builder::new().name(name);
+    builder.stack_size(STACK_SIZE).spawn(move || {
         run_start_hook();
         f()
     })

@@ -1,17 +1,24 @@
-//! Two heaps, one allocator (mimalloc 3):
+//! Two heaps, two allocators:
 //!
-//! - the **program heap** is mimalloc's main heap, the one `mi_malloc` uses, confined to the
-//!   zmem region: the region is handed to mimalloc as arenas ([`add_region`]) and mimalloc may
-//!   not take memory of its own from the OS after that, so everything the program mallocs lives
-//!   in memory that compresses itself;
-//! - the **internal heap** is a mimalloc heap in an exclusive arena of plain OS memory
-//!   ([`setup_internal`]), for zmem itself: this library's Rust allocations, any malloc made on
-//!   a zmem thread, and every malloc while zmem starts.
+//! - the **program heap** is mimalloc 3's main heap (`mi_malloc`), confined to the zmem region:
+//!   the region is handed to mimalloc as arenas ([`add_region`]) and mimalloc may not take
+//!   memory of its own from the OS after that, so everything the program mallocs lives in memory
+//!   that compresses itself;
+//! - the **internal heap** is the C library's own malloc (`__libc_malloc`, plain OS memory), for
+//!   zmem itself: this library's Rust allocations, any malloc made on a zmem thread, and every
+//!   malloc made while zmem starts (or by everyone, when zmem is off).
 //!
-//! zmem's own threads must never touch region memory they might have to serve themselves, so
-//! they are marked ([`mark_internal`], run by zmem_engine's thread start hook). mimalloc reads an
-//! arena's bookkeeping (at the start of the memory it manages) from any thread, so those pages
-//! are pinned in DRAM ([`pins`]).
+//! Why glibc's allocator and not a second mimalloc heap: a zmem thread must never run code that
+//! walks the program's memory, since it may have to serve the fault itself. mimalloc's
+//! allocation path does exactly that now and then (a generic collect purges *every* arena of the
+//! process, the program's included, and reads options from `environ`, which a program may have
+//! moved into its heap). glibc's malloc on zmem's threads only ever touches glibc's own arenas.
+//! `free` and friends route a pointer by address: inside the program heap's span it is
+//! mimalloc's, anywhere else glibc's (including what was allocated before zmem started).
+//!
+//! zmem's own threads are marked ([`mark_internal`], run by zmem_os's thread start hook).
+//! mimalloc reads an arena's bookkeeping (at the start of the memory it manages) from any
+//! thread, so those pages are pinned in DRAM ([`pins`]).
 //!
 //! Why the region is split into arenas of [`REGION_CHUNK`]: mimalloc 3 keeps ~2 MiB of page
 //! metadata per GiB at an arena's start and refuses arenas whose metadata exceeds 32 MiB, so one
@@ -43,97 +50,165 @@ pub fn is_internal() -> bool {
     INTERNAL.with(|c| c.get())
 }
 
-/// Virtual size of the internal heap's arena: committed only as used. zmem's per-page tables
-/// take about 30 bytes per 4 KiB page of the region, so this serves regions up to ~1 TiB.
-pub const INTERNAL_RESERVE: usize = 8 << 30;
 /// Arena size the region is cut into.
 pub const REGION_CHUNK: usize = 8 << 30;
 /// mimalloc arenas start on 64 KiB boundaries.
 pub const SLICE: usize = 64 << 10;
 
-static INTERNAL_HEAP: AtomicPtr<mi::mi_heap_t> = AtomicPtr::new(null_mut());
-
-/// Creates the internal heap. Called first thing when zmem starts, before anything else
-/// allocates, so nothing of zmem's ends up in mimalloc's main heap.
-pub fn setup_internal() -> Result<(), String> {
-    let mut id: mi::mi_arena_id_t = null_mut();
-    // SAFETY: plain calls into mimalloc.
-    unsafe {
-        // mimalloc reads each option from the environment the first time it is used. A program
-        // may have moved its environment into the heap (redis's setproctitle does), where a
-        // zmem thread reading it later (mimalloc purging inside an internal allocation) would
-        // fault on memory only it can serve: a deadlock, found by `zmem demo redis`. So every
-        // option is read now, before the program runs.
-        for option in 0..mi::OPTION_COUNT {
-            mi::mi_option_get(option);
-        }
-        mi::mi_option_set(mi::OPTION_SHOW_ERRORS, 1);
-        let err = mi::mi_reserve_os_memory_ex(INTERNAL_RESERVE, false, false, true, &mut id);
-        if err != 0 || id.is_null() {
-            return Err(format!(
-                "cannot reserve {} GiB of address space for zmem's own heap (error {err})",
-                INTERNAL_RESERVE >> 30
-            ));
-        }
-        let h = mi::mi_heap_new_in_arena(id);
-        if h.is_null() {
-            return Err("mimalloc could not make zmem's own heap".into());
-        }
-        INTERNAL_HEAP.store(h, Release);
-    }
-    Ok(())
+// glibc's allocator under its own names (exported by libc.so.6 since 2.2.5), so calls reach it
+// past this library's interposed malloc.
+extern "C" {
+    fn __libc_malloc(size: usize) -> *mut c_void;
+    fn __libc_calloc(count: usize, size: usize) -> *mut c_void;
+    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
+    fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
+    fn __libc_free(p: *mut c_void);
 }
 
-fn internal_heap() -> *mut mi::mi_heap_t {
-    INTERNAL_HEAP.load(Acquire)
+/// The program heap's span [start, end): set once, before any program allocation.
+static PROGRAM_START: AtomicUsize = AtomicUsize::new(0);
+static PROGRAM_END: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether `p` is a block of the program heap (mimalloc's); otherwise it is glibc's.
+#[inline]
+pub fn in_program_heap(p: *const c_void) -> bool {
+    let p = p as usize;
+    p >= PROGRAM_START.load(Relaxed) && p < PROGRAM_END.load(Relaxed)
 }
 
-// mimalloc's blocks are aligned to 16 bytes from 16 bytes up, to 8 below.
+// glibc's blocks are aligned to 16 bytes; mimalloc's to 16 bytes from 16 bytes up, to 8 below.
 fn natural(align: usize, size: usize) -> bool {
     align <= 8 || (align <= 16 && size >= 16)
 }
 
-/// Allocation on the internal heap (mimalloc's main heap before it exists).
-pub unsafe fn internal_alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
-    let h = internal_heap();
-    match (h.is_null(), natural(align, size), zero) {
-        (false, true, false) => mi::mi_heap_malloc(h, size),
-        (false, true, true) => mi::mi_heap_zalloc(h, size),
-        (false, false, false) => mi::mi_heap_malloc_aligned(h, size, align),
-        (false, false, true) => mi::mi_heap_zalloc_aligned(h, size, align),
+/// A new block: from the program heap if `program`, else from the internal heap.
+///
+/// # Safety
+/// `align` is a power of two.
+#[inline]
+pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mut c_void {
+    match (program, natural(align, size), zero) {
         (true, true, false) => mi::mi_malloc(size),
         (true, true, true) => mi::mi_zalloc(size),
         (true, false, false) => mi::mi_malloc_aligned(size, align),
         (true, false, true) => mi::mi_zalloc_aligned(size, align),
+        (false, true, false) => __libc_malloc(size),
+        (false, true, true) => __libc_calloc(1, size),
+        (false, false, zero) => {
+            let p = __libc_memalign(align.max(16), size);
+            if zero && !p.is_null() {
+                std::ptr::write_bytes(p as *mut u8, 0, size);
+            }
+            p
+        }
     }
 }
 
-pub unsafe fn internal_realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
-    let h = internal_heap();
-    match (h.is_null(), natural(align, size)) {
-        (false, true) => mi::mi_heap_realloc(h, p, size),
-        (false, false) => mi::mi_heap_realloc_aligned(h, p, size, align),
+/// Frees a block of either heap.
+///
+/// # Safety
+/// `p` is null or a live block of this library's allocator.
+#[inline]
+pub unsafe fn free(p: *mut c_void) {
+    if in_program_heap(p) {
+        mi::mi_free(p)
+    } else if !p.is_null() {
+        __libc_free(p)
+    }
+}
+
+/// glibc's `malloc_usable_size`, found past this library's (which shadows it).
+fn libc_usable_size(p: *mut c_void) -> usize {
+    type UsableSize = unsafe extern "C" fn(*mut c_void) -> usize;
+    static FOUND: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let mut f = FOUND.load(Acquire);
+    if f.is_null() {
+        // SAFETY: a lookup by a static name.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) };
+        if f.is_null() {
+            return 0;
+        }
+        FOUND.store(f, Release);
+    }
+    // SAFETY: the symbol is glibc's malloc_usable_size.
+    unsafe { std::mem::transmute::<*mut c_void, UsableSize>(f)(p) }
+}
+
+/// The usable size of a block of either heap (0 for null).
+///
+/// # Safety
+/// `p` is null or a live block of this library's allocator.
+pub unsafe fn usable_size(p: *mut c_void) -> usize {
+    if in_program_heap(p) {
+        mi::mi_usable_size(p)
+    } else if p.is_null() {
+        0
+    } else {
+        libc_usable_size(p)
+    }
+}
+
+/// Resizes a live block. A block stays in the heap it is in: a glibc block allocated before
+/// zmem started is resized by glibc.
+///
+/// # Safety
+/// `p` is a live block of this library's allocator, `size` > 0, `align` a power of two.
+pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
+    match (in_program_heap(p), natural(align, size)) {
         (true, true) => mi::mi_realloc(p, size),
         (true, false) => mi::mi_realloc_aligned(p, size, align),
+        (false, true) => __libc_realloc(p, size),
+        (false, false) => {
+            let q = __libc_memalign(align.max(16), size);
+            if !q.is_null() {
+                let keep = libc_usable_size(p).min(size);
+                std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, keep);
+                __libc_free(p);
+            }
+            q
+        }
     }
 }
 
-/// The Rust global allocator of the library: always the internal heap.
+/// Reads every mimalloc option once and pins it at that value, so mimalloc never reads the
+/// environment again. It would otherwise, on whichever thread uses an option first: mimalloc 3
+/// marks an option absent from the environment as read only once it is past "preloading", and a
+/// program may have moved `environ` into its heap (redis's setproctitle and any setenv do), where
+/// a zmem thread reading it would fault on memory only it can serve.
+pub fn pin_options() {
+    for option in 0..mi::OPTION_COUNT {
+        // SAFETY: plain calls into mimalloc with a valid option number.
+        unsafe { mi::mi_option_set(option, mi::mi_option_get(option)) };
+    }
+    // SAFETY: as above.
+    unsafe { mi::mi_option_set(mi::OPTION_SHOW_ERRORS, 1) };
+}
+
+/// The Rust global allocator of the library: always the internal heap (glibc's malloc).
 pub struct InternalAlloc;
 
-// SAFETY: mimalloc's functions meet GlobalAlloc's contract for the layouts routed to them.
+// SAFETY: glibc's functions meet GlobalAlloc's contract for the layouts routed to them.
 unsafe impl GlobalAlloc for InternalAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        internal_alloc(layout.size(), layout.align(), false) as *mut u8
+        alloc(layout.size(), layout.align(), false, false) as *mut u8
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        internal_alloc(layout.size(), layout.align(), true) as *mut u8
+        alloc(layout.size(), layout.align(), true, false) as *mut u8
     }
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
-        mi::mi_free(ptr as *mut c_void)
+        __libc_free(ptr as *mut c_void)
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        internal_realloc(ptr as *mut c_void, new_size, layout.align()) as *mut u8
+        if natural(layout.align(), new_size) {
+            __libc_realloc(ptr as *mut c_void, new_size) as *mut u8
+        } else {
+            let q = alloc(new_size, layout.align(), false, false) as *mut u8;
+            if !q.is_null() {
+                std::ptr::copy_nonoverlapping(ptr, q, layout.size().min(new_size));
+                __libc_free(ptr as *mut c_void);
+            }
+            q
+        }
     }
 }
 
@@ -234,6 +309,8 @@ pub unsafe fn add_region(base: usize, len: usize) -> Result<(usize, usize), Stri
     }
     SETTING_UP.store(false, Release);
     let span = result?;
+    PROGRAM_START.store(start, Relaxed);
+    PROGRAM_END.store(end, Relaxed);
     mi::mi_option_set(mi::OPTION_DISALLOW_OS_ALLOC, 1);
     mi::mi_option_set(mi::OPTION_ARENA_MAX_OBJECT_SIZE, (REGION_CHUNK >> 10) as _);
     Ok(span)

@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::{alloc, alloc_aligned, alloc_zeroed, mi, resize, resize_aligned, runtime};
+use crate::{alloc, alloc_aligned, alloc_zeroed, heap, mi, resize, resize_aligned, runtime};
 
 const MALLOCX_ZERO: i32 = 0x40;
 /// mallctl's MALLCTL_ARENAS_ALL: "arena.4096.purge" means every arena.
@@ -35,13 +35,13 @@ pub unsafe extern "C" fn mallocx(size: usize, flags: i32) -> *mut c_void {
 /// jemalloc's rallocx.
 #[no_mangle]
 pub unsafe extern "C" fn rallocx(p: *mut c_void, size: usize, flags: i32) -> *mut c_void {
-    let old = mi::mi_usable_size(p);
+    let old = heap::usable_size(p);
     let q = match align_of_flags(flags) {
         0 => resize(p, size),
         a => resize_aligned(p, size, a),
     };
     if !q.is_null() && flags & MALLOCX_ZERO != 0 {
-        let now = mi::mi_usable_size(q);
+        let now = heap::usable_size(q);
         if now > old {
             std::ptr::write_bytes((q as *mut u8).add(old), 0, now - old);
         }
@@ -58,28 +58,28 @@ pub unsafe extern "C" fn xallocx(
     _extra: usize,
     _flags: i32,
 ) -> usize {
-    mi::mi_usable_size(p)
+    heap::usable_size(p)
 }
 
 /// # Safety
 /// jemalloc's sallocx.
 #[no_mangle]
 pub unsafe extern "C" fn sallocx(p: *const c_void, _flags: i32) -> usize {
-    mi::mi_usable_size(p)
+    heap::usable_size(p as *mut c_void)
 }
 
 /// # Safety
 /// jemalloc's dallocx.
 #[no_mangle]
 pub unsafe extern "C" fn dallocx(p: *mut c_void, _flags: i32) {
-    mi::mi_free(p)
+    heap::free(p)
 }
 
 /// # Safety
 /// jemalloc's sdallocx.
 #[no_mangle]
 pub unsafe extern "C" fn sdallocx(p: *mut c_void, _size: usize, _flags: i32) {
-    mi::mi_free(p)
+    heap::free(p)
 }
 
 /// # Safety
@@ -125,8 +125,10 @@ fn lookup(name: &str) -> Option<Value> {
         "arenas.narenas" | "opt.narenas" => Value::Unsigned(1),
         "thread.tcache.flush" => Value::Action,
         n if n.starts_with("arena.") && (n.ends_with(".purge") || n.ends_with(".decay")) => {
-            // SAFETY: collecting is always allowed.
-            unsafe { mi::mi_collect(true) }
+            if runtime::use_program_heap() {
+                // SAFETY: collecting is always allowed on a program thread.
+                unsafe { mi::mi_collect(true) }
+            }
             Value::Action
         }
         _ => return None,

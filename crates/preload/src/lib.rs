@@ -44,47 +44,27 @@ use zmem_os::PAGE_SIZE as PAGE;
 
 #[inline]
 unsafe fn alloc(size: usize) -> *mut c_void {
-    if runtime::use_program_heap() {
-        mi::mi_malloc(size)
-    } else {
-        heap::internal_alloc(size, 8, false)
-    }
+    heap::alloc(size, 8, false, runtime::use_program_heap())
 }
 
 #[inline]
 unsafe fn alloc_zeroed(size: usize) -> *mut c_void {
-    if runtime::use_program_heap() {
-        mi::mi_zalloc(size)
-    } else {
-        heap::internal_alloc(size, 8, true)
-    }
+    heap::alloc(size, 8, true, runtime::use_program_heap())
 }
 
 #[inline]
 unsafe fn alloc_aligned(size: usize, align: usize, zero: bool) -> *mut c_void {
-    match (runtime::use_program_heap(), zero) {
-        (true, false) => mi::mi_malloc_aligned(size, align),
-        (true, true) => mi::mi_zalloc_aligned(size, align),
-        (false, z) => heap::internal_alloc(size, align.max(16), z),
-    }
+    heap::alloc(size, align, zero, runtime::use_program_heap())
 }
 
 #[inline]
 unsafe fn resize(p: *mut c_void, size: usize) -> *mut c_void {
-    if runtime::use_program_heap() {
-        mi::mi_realloc(p, size)
-    } else {
-        heap::internal_realloc(p, size, 8)
-    }
+    heap::realloc(p, size, 8)
 }
 
 #[inline]
 unsafe fn resize_aligned(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
-    if runtime::use_program_heap() {
-        mi::mi_realloc_aligned(p, size, align)
-    } else {
-        heap::internal_realloc(p, size, align.max(16))
-    }
+    heap::realloc(p, size, align)
 }
 
 fn set_errno(e: i32) {
@@ -120,7 +100,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         return alloc(size);
     }
     if size == 0 {
-        mi::mi_free(p);
+        heap::free(p);
         return std::ptr::null_mut();
     }
     resize(p, size)
@@ -143,14 +123,14 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize)
 /// C's free.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    mi::mi_free(p)
+    heap::free(p)
 }
 
 /// # Safety
 /// The old name of free.
 #[no_mangle]
 pub unsafe extern "C" fn cfree(p: *mut c_void) {
-    mi::mi_free(p)
+    heap::free(p)
 }
 
 /// # Safety
@@ -217,16 +197,15 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// malloc_usable_size.
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
-    if p.is_null() {
-        return 0;
-    }
-    mi::mi_usable_size(p)
+    heap::usable_size(p)
 }
 
 /// # Safety
 /// glibc's malloc_trim: gives freed memory back (to the region, which drops it).
 #[no_mangle]
 pub unsafe extern "C" fn malloc_trim(_pad: usize) -> i32 {
-    mi::mi_collect(true);
+    if runtime::use_program_heap() {
+        mi::mi_collect(true);
+    }
     1
 }

@@ -7,7 +7,6 @@ use std::ffi::{c_int, c_long, c_void};
 
 use libmimalloc_sys as _;
 
-pub type mi_heap_t = c_void;
 pub type mi_arena_id_t = *mut c_void;
 /// `bool commit_fun(bool commit, void* start, size_t size, bool* is_zero, void* arg)`.
 pub type mi_commit_fun_t = unsafe extern "C" fn(
@@ -39,26 +38,6 @@ extern "C" {
     pub fn mi_good_size(size: usize) -> usize;
     pub fn mi_collect(force: bool);
 
-    pub fn mi_heap_malloc(heap: *mut mi_heap_t, size: usize) -> *mut c_void;
-    pub fn mi_heap_zalloc(heap: *mut mi_heap_t, size: usize) -> *mut c_void;
-    pub fn mi_heap_realloc(heap: *mut mi_heap_t, p: *mut c_void, newsize: usize) -> *mut c_void;
-    pub fn mi_heap_malloc_aligned(
-        heap: *mut mi_heap_t,
-        size: usize,
-        alignment: usize,
-    ) -> *mut c_void;
-    pub fn mi_heap_zalloc_aligned(
-        heap: *mut mi_heap_t,
-        size: usize,
-        alignment: usize,
-    ) -> *mut c_void;
-    pub fn mi_heap_realloc_aligned(
-        heap: *mut mi_heap_t,
-        p: *mut c_void,
-        newsize: usize,
-        alignment: usize,
-    ) -> *mut c_void;
-
     pub fn mi_manage_memory(
         start: *mut c_void,
         size: usize,
@@ -71,14 +50,6 @@ extern "C" {
         commit_fun_arg: *mut c_void,
         arena_id: *mut mi_arena_id_t,
     ) -> bool;
-    pub fn mi_reserve_os_memory_ex(
-        size: usize,
-        commit: bool,
-        allow_large: bool,
-        exclusive: bool,
-        arena_id: *mut mi_arena_id_t,
-    ) -> c_int;
-    pub fn mi_heap_new_in_arena(arena_id: mi_arena_id_t) -> *mut mi_heap_t;
     pub fn mi_option_set(option: c_int, value: c_long);
     pub fn mi_option_get(option: c_int) -> c_long;
     pub fn mi_version() -> c_int;

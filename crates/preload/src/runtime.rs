@@ -17,7 +17,7 @@ use crate::heap;
 const UNINIT: u8 = 0;
 const STARTING: u8 = 1;
 const READY: u8 = 2;
-/// zmem could not start and ZMEM_ON_ERROR=off: the program runs on the internal heap.
+/// zmem could not start and ZMEM_ON_ERROR=off: the program runs on glibc's malloc.
 const OFF: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
@@ -38,19 +38,19 @@ pub fn runtime() -> Option<&'static Runtime> {
 }
 
 /// Whether the calling thread's allocations go to the program heap (mimalloc's main heap, in
-/// the region) now; if not, to the internal heap (zmem's own threads, and everyone while zmem
-/// starts). With zmem off, the main heap is plain memory.
+/// the region) now; if not, to the internal heap, glibc's malloc (zmem's own threads, everyone
+/// while zmem starts, and everyone when zmem is off).
 #[inline]
 pub fn use_program_heap() -> bool {
     if heap::is_internal() {
         return false;
     }
     match STATE.load(Acquire) {
-        READY | OFF => true,
-        STARTING => false,
+        READY => true,
+        STARTING | OFF => false,
         _ => {
             start();
-            matches!(STATE.load(Acquire), READY | OFF)
+            STATE.load(Acquire) == READY
         }
     }
 }
@@ -66,12 +66,9 @@ pub fn start() {
         return;
     }
     let was = heap::set_internal(true);
-    let outcome = heap::setup_internal()
-        .map_err(|e| (e, OnError::Fail))
-        .and_then(|()| {
-            std::panic::catch_unwind(init)
-                .unwrap_or_else(|_| Err(("zmem panicked while starting".into(), OnError::Fail)))
-        });
+    heap::pin_options();
+    let outcome = std::panic::catch_unwind(init)
+        .unwrap_or_else(|_| Err(("zmem panicked while starting".into(), OnError::Fail)));
     match outcome {
         Ok(()) => STATE.store(READY, Release),
         Err((msg, on_error)) => {

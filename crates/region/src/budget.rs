@@ -509,7 +509,9 @@ fn read_named(path: &Path) -> io::Result<String> {
         } else {
             ""
         };
-        io::Error::new(e.kind(), format!("{}: {e}{hint}", path.display()))
+        // Runs on the budget thread: the errno by name, never through libc's strerror.
+        let e_text = zmem_os::errno::display(&e);
+        io::Error::new(e.kind(), format!("{}: {e_text}{hint}", path.display()))
     })
 }
 

@@ -12,7 +12,7 @@ use zmem_store::MAX_BLOCK_PAGES;
 
 use crate::budget_loop::{BudgetLoop, Signals};
 use crate::config::PAGE;
-use crate::manager::{errno, Shared, STAGING_SLOTS};
+use crate::manager::{Shared, STAGING_SLOTS};
 use crate::state::PageState::*;
 
 /// After the store refuses a page (its memory limit), eviction pauses this long: moving pages
@@ -114,14 +114,14 @@ impl Shared {
             let src = s.page_addr(v as usize);
             let dst = self.staging + slot * PAGE;
             let mut r = s.uffd.move_pages(dst, src, PAGE);
-            if matches!(&r, Err(e) if errno(e) == libc::EBUSY) {
+            if matches!(&r, Err(e) if e.code() == libc::EBUSY) {
                 unshare(src);
                 self.counters.unshared.fetch_add(1, Relaxed);
                 r = s.uffd.move_pages(dst, src, PAGE);
             }
             match r {
                 Ok(()) => outcome[slot] = true,
-                Err(e) if errno(&e) == libc::ENOENT => {
+                Err(e) if e.code() == libc::ENOENT => {
                     // Nothing mapped: the program dropped it and the event is on its way.
                     let mut inner = s.inner.lock();
                     if inner.state.get(v as usize) == Staged {
@@ -130,7 +130,7 @@ impl Shared {
                     }
                 }
                 Err(e) => {
-                    if errno(&e) == libc::EAGAIN {
+                    if e.code() == libc::EAGAIN {
                         aborted = true; // an event is pending (fork, remove): let it through
                     } else {
                         tracing::warn!("UFFDIO_MOVE of page {v}: {e}; keeping it resident");

@@ -7,10 +7,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use zmem_os::Errno;
 use zmem_store::StoreError;
 
 use crate::config::PAGE;
-use crate::manager::{errno, Served, Shared, Space, STAGING_SLOTS};
+use crate::manager::{Served, Shared, Space, STAGING_SLOTS};
 use crate::state::PageState::*;
 use crate::uffd;
 
@@ -52,7 +53,7 @@ impl Shared {
             Poisoned => {
                 drop(inner);
                 if let Err(e) = s.uffd.poison(addr, PAGE) {
-                    if errno(&e) == libc::EAGAIN {
+                    if e.code() == libc::EAGAIN {
                         return Served::Retry;
                     }
                     tracing::error!("poison {addr:#x}: {e}");
@@ -65,10 +66,10 @@ impl Shared {
                 // which needs this lock.
                 match s.uffd.copy(addr, slot as *const u8, PAGE) {
                     Ok(()) => {}
-                    Err(e) if errno(&e) == libc::EEXIST => {
+                    Err(e) if e.code() == libc::EEXIST => {
                         let _ = s.uffd.wake(addr, PAGE);
                     }
-                    Err(e) if errno(&e) == libc::EAGAIN => return Served::Retry,
+                    Err(e) if e.code() == libc::EAGAIN => return Served::Retry,
                     Err(e) => {
                         tracing::error!("copy staged page {idx}: {e}");
                         return Served::Done;
@@ -170,7 +171,7 @@ impl Shared {
                         let _ = s.uffd.wake(addr, PAGE);
                     }
                     return match r {
-                        Err(e) if errno(&e) == libc::EAGAIN => Served::Retry,
+                        Err(e) if e.code() == libc::EAGAIN => Served::Retry,
                         _ => Served::Done,
                     };
                 }
@@ -178,7 +179,7 @@ impl Shared {
         }
         // Map the run in one call. If that fails part-way, go page by page so that each page's
         // outcome is known exactly (a page marked resident must really be mapped).
-        let map = |at: usize, pages: usize| -> std::io::Result<()> {
+        let map = |at: usize, pages: usize| -> Result<(), Errno> {
             let r = if use_zero {
                 s.uffd.zeropage(s.page_addr(at), pages * PAGE)
             } else {
@@ -188,7 +189,7 @@ impl Shared {
             };
             match r {
                 // Already present: our own earlier partial attempt. Wake whoever still waits.
-                Err(e) if errno(&e) == libc::EEXIST && pages == 1 => {
+                Err(e) if e.code() == libc::EEXIST && pages == 1 => {
                     s.uffd.wake(s.page_addr(at), PAGE)
                 }
                 r => r,
@@ -207,7 +208,7 @@ impl Shared {
             for k in 0..run {
                 let r = if run == 1 {
                     match first_err.take() {
-                        Some(e) if errno(&e) == libc::EEXIST => map(idx, 1),
+                        Some(e) if e.code() == libc::EEXIST => map(idx, 1),
                         Some(e) => Err(e),
                         None => unreachable!(),
                     }
@@ -216,10 +217,10 @@ impl Shared {
                 };
                 match r {
                     Ok(()) => mapped |= 1 << k,
-                    Err(e) if errno(&e) == libc::EAGAIN => again = true,
-                    Err(e) if errno(&e) == libc::ENOMEM => enomem = true,
+                    Err(e) if e.code() == libc::EAGAIN => again = true,
+                    Err(e) if e.code() == libc::ENOMEM => enomem = true,
                     Err(e) => {
-                        if errno(&e) != libc::ENOENT && errno(&e) != libc::ESRCH {
+                        if e.code() != libc::ENOENT && e.code() != libc::ESRCH {
                             tracing::error!("resolving fault at {:#x}: {e}", s.page_addr(idx + k));
                         }
                     }
@@ -321,7 +322,7 @@ impl Shared {
             return Served::Done;
         }
         match s.uffd.poison(addr, PAGE) {
-            Err(e) if errno(&e) == libc::EAGAIN => Served::Retry,
+            Err(e) if e.code() == libc::EAGAIN => Served::Retry,
             Err(e) => {
                 tracing::error!("fault at {addr:#x} outside the region and poison failed: {e}");
                 let _ = s.uffd.wake(addr, PAGE);

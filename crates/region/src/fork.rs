@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::config::PAGE;
 use crate::error::RegionError;
-use crate::manager::{errno, Shared, Space, SpaceInner};
+use crate::manager::{Shared, Space, SpaceInner};
 use crate::state::PageState::*;
 use crate::state::StateTable;
 use crate::uffd::{self, Msg, Uffd};
@@ -190,7 +190,7 @@ impl Shared {
             // A copy to a low address that is never part of a region: ESRCH when the child's
             // memory is gone; otherwise an error that changes nothing.
             let probe = c.uffd.copy(0x10000, self.zero_page.as_ptr(), PAGE);
-            let gone = matches!(&probe, Err(e) if errno(e) == libc::ESRCH);
+            let gone = matches!(&probe, Err(e) if e.code() == libc::ESRCH);
             if gone {
                 c.dead.store(true, Relaxed);
             }

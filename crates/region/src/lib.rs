@@ -125,12 +125,12 @@ impl Region {
         fd.register_missing(region.addr(), len)
             .map_err(|source| RegionError::Os {
                 op: "UFFDIO_REGISTER (region)",
-                source,
+                source: source.into(),
             })?;
         fd.register_missing(staging.addr(), STAGING_SLOTS * PAGE)
             .map_err(|source| RegionError::Os {
                 op: "UFFDIO_REGISTER (staging)",
-                source,
+                source: source.into(),
             })?;
         let store = factory()?;
         // SAFETY: plain eventfd creation.

@@ -13,7 +13,6 @@
 //! locked no-op write that unshares a page after fork (a present page: no userfault).
 
 use std::collections::HashMap;
-use std::io;
 use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed},
@@ -163,6 +162,7 @@ impl Drop for Space {
             drop(unsafe { Box::from_raw(raw as *mut Box<dyn BackingStore>) })
         };
         if let Err(e) = zmem_os::thread::spawn("zmem-reap".into(), reap) {
+            let e = zmem_os::errno::display(&e);
             tracing::warn!("a dead child's snapshot is leaked (no thread to free it): {e}");
         }
     }
@@ -239,10 +239,6 @@ pub(crate) enum Served {
     Retry,
 }
 
-pub(crate) fn errno(e: &io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(0)
-}
-
 impl Shared {
     pub fn budget(&self) -> usize {
         self.budget_pages.load(Relaxed)
@@ -294,8 +290,9 @@ impl Shared {
             let timeout = if deferred.is_empty() { 200 } else { 1 };
             // SAFETY: fds is a valid array of pollfd of the given length.
             let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout) };
-            if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                tracing::error!("poll on userfaultfd: {}", io::Error::last_os_error());
+            let failed = (rc < 0).then(zmem_os::Errno::last);
+            if let Some(e) = failed.filter(|e| e.code() != libc::EINTR) {
+                tracing::error!("poll on userfaultfd: {e}");
                 std::thread::sleep(Duration::from_millis(10));
             }
             if self.stop.load(Relaxed) {

@@ -4,6 +4,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use zmem_os::Errno;
+
 const UFFDIO: u64 = 0xAA;
 const UFFD_API: u64 = 0xAA;
 
@@ -140,11 +142,13 @@ pub struct Uffd {
     fd: OwnedFd,
 }
 
-fn ioctl<T>(fd: RawFd, req: u64, arg: &mut T) -> io::Result<()> {
+/// The ioctls answer an [`Errno`], not an `io::Error`: they run on zmem's threads, which must
+/// not print errors through libc (zmem_os::errno says why).
+fn ioctl<T>(fd: RawFd, req: u64, arg: &mut T) -> Result<(), Errno> {
     // SAFETY: `arg` is the struct the request expects, valid for reads and writes.
     let rc = unsafe { libc::ioctl(fd, req as _, arg as *mut T) };
     if rc < 0 {
-        Err(io::Error::last_os_error())
+        Err(Errno::last())
     } else {
         Ok(())
     }
@@ -246,7 +250,7 @@ impl Uffd {
         self.fd.as_raw_fd()
     }
 
-    pub fn register_missing(&self, start: usize, len: usize) -> io::Result<()> {
+    pub fn register_missing(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = Register {
             range: Range {
                 start: start as u64,
@@ -258,7 +262,7 @@ impl Uffd {
         ioctl(self.raw(), UFFDIO_REGISTER, &mut r)
     }
 
-    pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
+    pub fn unregister(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = Range {
             start: start as u64,
             len: len as u64,
@@ -266,7 +270,7 @@ impl Uffd {
         ioctl(self.raw(), UFFDIO_UNREGISTER, &mut r)
     }
 
-    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
+    pub fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = Range {
             start: start as u64,
             len: len as u64,
@@ -277,7 +281,7 @@ impl Uffd {
     /// Copies `len` bytes from `src` (our memory) into the missing pages at `dst` and wakes
     /// the threads waiting on them. EEXIST: a page of the range is already mapped (the pages
     /// before it were copied).
-    pub fn copy(&self, dst: usize, src: *const u8, len: usize) -> io::Result<()> {
+    pub fn copy(&self, dst: usize, src: *const u8, len: usize) -> Result<(), Errno> {
         let mut c = Copy {
             dst: dst as u64,
             src: src as u64,
@@ -288,7 +292,7 @@ impl Uffd {
     }
 
     /// Maps the shared zero page at the missing `dst` range and wakes the waiters.
-    pub fn zeropage(&self, dst: usize, len: usize) -> io::Result<()> {
+    pub fn zeropage(&self, dst: usize, len: usize) -> Result<(), Errno> {
         let mut z = Zeropage {
             range: Range {
                 start: dst as u64,
@@ -300,7 +304,7 @@ impl Uffd {
     }
 
     /// Moves the pages at `src` to the empty `dst` (both registered with this descriptor).
-    pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> io::Result<()> {
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Result<(), Errno> {
         let mut m = Move {
             dst: dst as u64,
             src: src as u64,
@@ -311,7 +315,7 @@ impl Uffd {
     }
 
     /// Makes an access to the missing pages at `dst` raise SIGBUS (for what cannot be served).
-    pub fn poison(&self, dst: usize, len: usize) -> io::Result<()> {
+    pub fn poison(&self, dst: usize, len: usize) -> Result<(), Errno> {
         let mut p = Poison {
             range: Range {
                 start: dst as u64,
@@ -323,13 +327,13 @@ impl Uffd {
     }
 
     /// Reads messages without blocking; returns how many were read (0: none pending).
-    pub fn read_msgs(&self, out: &mut [Msg]) -> io::Result<usize> {
+    pub fn read_msgs(&self, out: &mut [Msg]) -> Result<usize, Errno> {
         let size = std::mem::size_of_val(out);
         // SAFETY: `out` is valid for `size` bytes and Msg is plain old data.
         let n = unsafe { libc::read(self.raw(), out.as_mut_ptr().cast(), size) };
         if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::WouldBlock {
+            let e = Errno::last();
+            if e.code() == libc::EAGAIN {
                 return Ok(0);
             }
             return Err(e);
@@ -353,7 +357,7 @@ pub fn probe() -> Result<Probe, OpenError> {
         api: UFFD_API,
         ..Default::default()
     };
-    ioctl(uffd.raw(), UFFDIO_API, &mut api).map_err(OpenError::Absent)?;
+    ioctl(uffd.raw(), UFFDIO_API, &mut api).map_err(|e| OpenError::Absent(e.into()))?;
     Ok(Probe {
         features: api.features,
         via,
