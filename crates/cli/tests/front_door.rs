@@ -66,11 +66,11 @@ fn a_corrupted_value_is_caught_and_named() {
             "demo",
             "--size",
             "4M",
-            // Nothing is evicted: the check itself is what is tested here. With a budget below
-            // the data (2M) the worker hangs on its error path, where it frees its map: a zmem
-            // thread runs mimalloc's arena purge over the program's heap (issue 10, "Hang A").
+            // Below the data, so the corrupted value and the map are evicted. This hung until
+            // issue 10: on the error path the worker frees its map while a zmem thread, evicting,
+            // ran mimalloc's arena purge over the program's heap (docs/DESIGN-NOTES.md).
             "--resident",
-            "16M",
+            "2M",
             "--corrupt-key",
             "17",
         ],

@@ -674,6 +674,38 @@ fn c_malloc_stress() {
     );
 }
 
+/// Issue 10's invariant: no zmem thread reads program heap memory. The program's environment,
+/// locale data and stdout buffer live in its heap, which a 4M budget evicts over and over while
+/// it frees and grows blocks (the allocator purges) and zmem's threads log at debug level.
+/// Before zmem's own memory moved to glibc's malloc this hung (a zmem thread in mimalloc's
+/// purge or option read, waiting for a fault only it could serve); pinned allocator metadata
+/// counted against the budget made it thrash at millions of faults. The output must match a
+/// plain run exactly.
+#[test]
+fn hostile_program_at_a_tiny_budget() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("hostile", dir.path(), &[]);
+    let args = ["32", "3"];
+    let plain = Command::new(&prog).args(args).output().unwrap();
+    assert!(plain.status.success(), "plain run: {plain:?}");
+    let want = String::from_utf8_lossy(&plain.stdout).into_owned();
+    let stats = dir.path().join("stats.json");
+    let mut cmd = zmem_cmd(&["run", "--resident", "4M", "--stats"]);
+    cmd.arg(&stats).arg("--").arg(&prog).args(args);
+    cmd.env(zmem_runenv::ENV_LOG, "debug");
+    let out = run_to_end(cmd, dir.path(), "hostile", Duration::from_secs(120));
+    assert_eq!(out.code, Some(0), "stderr: {}", tail(&out.stderr));
+    assert_eq!(out.stdout, want, "output differs from the plain run");
+    let z = &read_json(&stats)["zmem"];
+    assert!(num(z, "evictions") > 1000, "nothing was evicted: {z}");
+    // 32 MiB through 4M a few times is tens of thousands of faults; thrashing is millions.
+    assert!(num(z, "major_faults") < 500_000, "thrashing: {z}");
+}
+
 #[test]
 fn fork_and_exec() {
     if !ready() {

@@ -77,7 +77,6 @@ impl Shared {
                 }
                 inner.state.set(idx, Resident);
                 inner.staged.remove(&(idx as u32));
-                inner.resident += 1;
                 inner.admit(idx as u32);
                 self.counters.staged_faults.fetch_add(1, Relaxed);
                 return Served::Done;
@@ -111,10 +110,7 @@ impl Shared {
         let kinds = &mut kinds_buf[..run];
         // A page mapped here that we believed resident is counted again below: take it out.
         if st == Resident {
-            inner.resident -= 1;
-            if let Some(t) = inner.tracker.as_mut() {
-                t.remove(idx as u32);
-            }
+            inner.uncount_resident(idx as u32);
             kinds[0] = Absent;
         }
         for k in 0..run {
@@ -259,7 +255,6 @@ impl Shared {
                 continue;
             }
             inner.state.set(i, Resident);
-            inner.resident += 1;
             inner.admit(i as u32);
             if kind == Stored {
                 let _ = s.store.discard(i as u64);

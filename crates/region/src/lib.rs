@@ -247,7 +247,14 @@ impl Region {
     pub fn stats(&self) -> RegionStats {
         let sh = self.shared();
         let c = &sh.counters;
-        let resident = sh.root.inner.lock().resident as u64 * PAGE as u64;
+        let (resident, pinned) = {
+            let inner = sh.root.inner.lock();
+            let page = PAGE as u64;
+            (
+                inner.resident as u64 * page,
+                inner.pinned_resident as u64 * page,
+            )
+        };
         let fault_latency = {
             let h = sh.latency.lock();
             Latency {
@@ -261,7 +268,8 @@ impl Region {
         RegionStats {
             size: self.len as u64,
             budget: sh.budget() as u64 * PAGE as u64,
-            resident,
+            resident: resident + pinned,
+            pinned,
             staged: c.staged_now.load(Relaxed) as u64 * PAGE as u64,
             major_faults: c.major_faults.load(Relaxed),
             zero_faults: c.zero_faults.load(Relaxed),
@@ -283,9 +291,9 @@ impl Region {
     }
 
     /// Keeps the pages of `[offset, offset + len)` (bytes from the start, widened to whole
-    /// pages) in DRAM once they are faulted in: they count against the budget but are never
-    /// evicted. For memory that the threads serving the region may touch themselves (an
-    /// allocator's metadata inside the region), which must never fault.
+    /// pages) in DRAM once they are faulted in: never evicted, and not counted against the
+    /// budget (`RegionStats::pinned` shows them). For memory that the threads serving the region
+    /// may touch themselves (an allocator's metadata inside the region), which must never fault.
     pub fn pin(&self, offset: usize, len: usize) -> Result<(), RegionError> {
         let end = offset
             .checked_add(len)
@@ -299,13 +307,15 @@ impl Region {
         let (first, last) = ((offset / PAGE) as u32, end.div_ceil(PAGE) as u32);
         let sh = self.shared();
         let mut inner = sh.root.inner.lock();
-        inner.pinned.push((first, last));
-        inner.nursery.retain(|&p| !(first..last).contains(&p));
-        if let Some(t) = inner.tracker.as_mut() {
-            for p in first..last {
-                t.remove(p);
+        // Pages of the range already resident leave the budget's count for the pinned one.
+        for p in first..last {
+            if inner.state.get(p as usize) == state::PageState::Resident && !inner.is_pinned(p) {
+                inner.uncount_resident(p);
+                inner.pinned_resident += 1;
             }
         }
+        inner.pinned.push((first, last));
+        inner.nursery.retain(|&p| !(first..last).contains(&p));
         Ok(())
     }
 

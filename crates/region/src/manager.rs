@@ -62,6 +62,11 @@ pub(crate) struct SpaceInner {
     pub nursery: std::collections::VecDeque<u32>,
     /// Page ranges `[start, end)` that are never evicted once resident (see `Region::pin`).
     pub pinned: Vec<(u32, u32)>,
+    /// Resident pages inside `pinned` ranges. They are not in `resident` and not under the
+    /// budget: pinned pages are bookkeeping (mimalloc's arena metadata), like zmem's own tables;
+    /// counted against the budget they left a small budget no room for data (at 4M and the
+    /// default 94G heap the program thrashed at millions of faults).
+    pub pinned_resident: usize,
 }
 
 /// Pages just faulted in are held back from the policy this long (in faults): the faulting
@@ -81,6 +86,7 @@ impl SpaceInner {
             remap_warned: false,
             nursery: Default::default(),
             pinned: Vec::new(),
+            pinned_resident: 0,
         }
     }
 
@@ -88,11 +94,14 @@ impl SpaceInner {
         self.pinned.iter().any(|&(a, b)| (a..b).contains(&page))
     }
 
-    /// A page became resident through a fault: it joins the policy after [`NURSERY`] more.
+    /// A page became resident through a fault: it is counted, and it joins the policy after
+    /// [`NURSERY`] more (a pinned page never does).
     pub fn admit(&mut self, page: u32) {
         if self.is_pinned(page) {
+            self.pinned_resident += 1;
             return;
         }
+        self.resident += 1;
         let Some(t) = self.tracker.as_mut() else {
             return;
         };
@@ -107,15 +116,24 @@ impl SpaceInner {
         }
     }
 
+    /// A resident page stops being counted as one (it is leaving DRAM or being re-mapped).
+    pub fn uncount_resident(&mut self, page: u32) {
+        if self.is_pinned(page) {
+            self.pinned_resident -= 1;
+            return;
+        }
+        self.resident -= 1;
+        if let Some(t) = self.tracker.as_mut() {
+            t.remove(page);
+        }
+    }
+
     /// The program dropped page `i` (or its content became unknown): release what it held and
     /// give it state `to`. A Staged page's evictor sees the change and drops what it stored.
     pub fn forget(&mut self, store: &dyn BackingStore, i: usize, to: PageState) {
         match self.state.get(i) {
             PageState::Resident => {
-                self.resident -= 1;
-                if let Some(t) = self.tracker.as_mut() {
-                    t.remove(i as u32);
-                }
+                self.uncount_resident(i as u32);
             }
             PageState::Stored => {
                 let _ = store.discard(i as u64);

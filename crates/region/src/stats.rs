@@ -21,8 +21,11 @@ pub struct RegionStats {
     pub size: u64,
     /// Current budget in bytes (changes over time with an adaptive budget).
     pub budget: u64,
-    /// Bytes mapped in the region now.
+    /// Bytes mapped in the region now (`pinned` included).
     pub resident: u64,
+    /// Bytes of pinned pages mapped now (see `Region::pin`): in DRAM, outside the budget.
+    #[serde(default)]
+    pub pinned: u64,
     /// Bytes of evicted pages waiting in staging for compression.
     pub staged: u64,
     /// Faults on evicted pages (decompressed from the store).

@@ -234,6 +234,54 @@ fn exhausted_budget_waits_never_fails() {
 }
 
 #[test]
+fn pinned_pages_stay_resident_outside_the_budget() {
+    // A 1 MiB budget and 2 MiB pinned (an allocator's metadata, as the preload library pins):
+    // the pinned pages never leave DRAM and do not eat the budget, so data still gets 1 MiB.
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let pinned_pages = 512;
+    let data_pages = r.len() / PAGE - pinned_pages;
+    // Some of the pinned range is resident before the pin (fewer pages than the evictor's
+    // low-water mark, so none has left yet), the rest is faulted in after it.
+    let before = 64;
+    for i in 0..before {
+        fill(page_mut(&r, i), i, 1);
+    }
+    r.pin(0, pinned_pages * PAGE).unwrap();
+    for i in before..pinned_pages {
+        fill(page_mut(&r, i), i, 1);
+    }
+    for round in 1..=2u64 {
+        for i in pinned_pages..pinned_pages + data_pages {
+            fill(page_mut(&r, i), i, round);
+        }
+        for i in pinned_pages..pinned_pages + data_pages {
+            check(page_mut(&r, i), i, round);
+        }
+    }
+    let s = r.stats();
+    assert_eq!(s.pinned, (pinned_pages * PAGE) as u64, "{s:?}");
+    // Data pages fill the whole budget beside the pinned ones (within the evictor's margin).
+    let data_resident = s.resident - s.pinned;
+    assert!(data_resident <= s.budget, "{s:?}");
+    assert!(
+        data_resident >= s.budget / 2,
+        "pinned pages ate the budget: {s:?}"
+    );
+    // Not one pinned page was evicted: reading them faults nothing in.
+    let faults = r.stats().faults();
+    for i in 0..pinned_pages {
+        check(page_mut(&r, i), i, 1);
+    }
+    assert_eq!(r.stats().faults(), faults, "a pinned page was evicted");
+    assert!(
+        r.pin(r.len(), PAGE).is_err(),
+        "a pin outside the region is refused"
+    );
+}
+
+#[test]
 fn set_budget_shrinks_and_grows() {
     let Some(r) = region(32 * MIB, 16 * MIB) else {
         return;
