@@ -49,7 +49,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Doctor(a) => std::process::exit(crate::doctor::run(&a)?),
         Command::Run(a) => match crate::run::run(&a) {
-            Ok(code) => std::process::exit(code),
+            Ok(never) => match never {},
             Err(e) => {
                 eprintln!("zmem: error: {e}");
                 std::process::exit(e.exit_code());

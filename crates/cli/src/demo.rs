@@ -218,8 +218,9 @@ fn kv(args: &DemoArgs) -> anyhow::Result<()> {
             s.data(),
         ),
         None => {
-            let report: crate::run::RunReport = serde_json::from_slice(&std::fs::read(&stats)?)
-                .context("no statistics of the running program")?;
+            let report: zmem_runenv::report::RunReport =
+                serde_json::from_slice(&std::fs::read(&stats)?)
+                    .context("no statistics of the running program")?;
             let parts = "peak of resident + compressed pool, from zmem run".to_string();
             (report.peak_dram, parts, report.peak_data)
         }

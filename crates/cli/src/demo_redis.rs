@@ -170,13 +170,8 @@ pub fn run(corpus: &Corpus, resident: u64, data: u64, policy: &str) -> anyhow::R
         n as f64 / set_s,
         n as f64 / get_s
     );
-    // The server is the child of zmem run.
-    let children = std::fs::read_to_string(format!("/proc/{zmem_pid}/task/{zmem_pid}/children"))?;
-    let redis_pid: u32 = children
-        .split_whitespace()
-        .next()
-        .context("no redis process")?
-        .parse()?;
+    // zmem run execs the server in its own place: same pid.
+    let redis_pid = zmem_pid;
     let dir_s = zmem_runenv::socket_dir_from_env();
     let s = query(&dir_s, redis_pid).context("zmem stat")?;
     println!("\n$ zmem stat {redis_pid}\n{}", table(&[&s]));

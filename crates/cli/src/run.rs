@@ -1,6 +1,8 @@
 //! `zmem run`: runs an unmodified program with its heap in a zmem region (LD_PRELOAD of
-//! libzmem_preload.so, configured through ZMEM_* variables), then prints a summary in the manner
-//! of zramctl (the live statistics, `zmem stat`, are in [`crate::stat`]).
+//! libzmem_preload.so, configured through ZMEM_* variables). It checks what it can, then execs
+//! the program in its own place, so the program has zmem's pid and its signals; the library in
+//! the program prints a zramctl-like summary when it exits (zmem_runenv::report; the live
+//! statistics, `zmem stat`, are in [`crate::stat`]).
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -8,17 +10,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use serde::{Deserialize, Serialize};
 use zmem_engine::Policy;
 use zmem_region::{Budget, Eviction, Region, RegionConfig, MIN_BUDGET_BYTES};
-use zmem_runenv::{OnError, ProcessStats, RunConfig};
+use zmem_runenv::{OnError, RunConfig};
 
 use crate::size::{format_size as fmt_size, format_size_approx as human, parse_size};
-use crate::stat::{query, table};
 
 /// The preload library's file name.
 pub const PRELOAD_LIB: &str = "libzmem_preload.so";
@@ -113,34 +111,9 @@ impl RunError {
     }
 }
 
-/// What `--stats FILE` holds.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct RunReport {
-    pub command: Vec<String>,
-    /// Exit status, or 128 + signal.
-    pub exit_code: i32,
-    pub signal: Option<i32>,
-    pub wall_s: f64,
-    pub user_cpu_s: f64,
-    pub system_cpu_s: f64,
-    /// Peak resident set of the program (kernel's maxrss), bytes.
-    pub max_rss: u64,
-    /// The program's zmem statistics at exit (None: zmem never started in it).
-    pub zmem: Option<ProcessStats>,
-    /// Where the statistics come from: "exit report" or "last live sample".
-    pub source: String,
-    /// The most heap data (resident + compressed, uncompressed bytes) and the most DRAM it took
-    /// (resident + compressed pool), over the live samples (every 0.5 s) and the exit report.
-    pub peak_data: u64,
-    pub peak_dram: u64,
-    /// Whether the program was allowed to run uncompressed (--fallback).
-    pub fallback: bool,
-    /// Other processes under this run that used zmem (exec'd children).
-    pub others: Vec<ProcessStats>,
-}
-
-/// The settings for the program, checked.
-pub fn config(a: &RunArgs, report_dir: &Path) -> Result<RunConfig, RunError> {
+/// The settings for the program, checked. `report_dir` is where the processes it execs leave
+/// their reports; `pid` is this process's, which the program will have.
+pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, RunError> {
     let mem = zmem_runenv::machine_memory().unwrap_or(u64::MAX);
     let resident = if a.adaptive {
         None
@@ -218,6 +191,13 @@ pub fn config(a: &RunArgs, report_dir: &Path) -> Result<RunConfig, RunError> {
             OnError::Fail
         },
         log: std::env::var(zmem_runenv::ENV_LOG).ok(),
+        run_pid: Some(pid),
+        summary: !a.quiet,
+        // Absolute: the program may change its directory before it exits.
+        stats_file: a
+            .stats
+            .as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
     })
 }
 
@@ -337,36 +317,48 @@ pub fn check_userfaultfd() -> Result<(), RunError> {
         .map_err(|e| RunError::Unavailable(e.to_string()))
 }
 
-static CHILD: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn forward(sig: libc::c_int) {
-    let pid = CHILD.load(Ordering::Relaxed);
-    if pid > 0 {
-        // SAFETY: kill is async-signal-safe.
-        unsafe { libc::kill(pid, sig) };
-    }
+/// The directory where the processes of run `pid` leave their exit reports: `run-<pid>` in the
+/// (private) socket directory. The program removes it when it reports the run.
+pub fn report_dir(socket_dir: &Path, pid: u32) -> PathBuf {
+    socket_dir.join(format!("run-{pid}"))
 }
 
-/// Terminal signals reach the program (it is in our process group) and zmem stays to report;
-/// termination requests sent to zmem alone are passed on.
-fn handle_signals() {
-    // SAFETY: installing handlers / ignoring signals in this single-purpose process.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-        for s in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
-            libc::signal(s, forward as *const () as libc::sighandler_t);
+/// Removes the report directories of earlier runs whose program is gone without reporting
+/// (killed by a signal, or exec'd into a program without zmem).
+fn remove_stale_report_dirs(socket_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(socket_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("run-"))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }
 
-/// Runs the program; returns its exit status (128 + signal if killed).
-pub fn run(a: &RunArgs) -> Result<i32, RunError> {
-    let report_dir = tempfile::Builder::new()
-        .prefix("zmem-run-")
-        .tempdir()
-        .map_err(|e| RunError::Io(format!("cannot make a report directory: {e}")))?;
-    let cfg = config(a, report_dir.path())?;
+/// Runs the program in this process's place (like nice, taskset or numactl): it keeps zmem's
+/// pid, gets every signal sent to it directly and cannot be orphaned. Its preload library
+/// prints the summary and writes `--stats` when it exits. Returns only if it could not run.
+pub fn run(a: &RunArgs) -> Result<std::convert::Infallible, RunError> {
+    let pid = std::process::id();
+    let socket_dir = zmem_runenv::socket_dir(
+        std::env::var_os(zmem_runenv::ENV_SOCKET_DIR)
+            .map(PathBuf::from)
+            .as_deref(),
+    );
+    let reports = report_dir(&socket_dir, pid);
+    let cfg = config(a, &reports, pid)?;
     let program = resolve(&a.command[0])?;
     check_preloadable(&program)?;
     let lib = find_library(a.preload.as_deref())?;
@@ -374,6 +366,10 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
         // With --fallback the library itself warns and lets the program run uncompressed.
         check_userfaultfd()?;
     }
+    zmem_runenv::private_dir(&socket_dir).map_err(|e| RunError::Io(e.to_string()))?;
+    remove_stale_report_dirs(&socket_dir);
+    std::fs::create_dir_all(&reports)
+        .map_err(|e| RunError::Io(format!("{}: {e}", reports.display())))?;
 
     let mut preload = lib.as_os_str().to_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -387,156 +383,9 @@ pub fn run(a: &RunArgs) -> Result<i32, RunError> {
     }
     cmd.envs(cfg.to_vars()).env("LD_PRELOAD", preload);
     let name = a.command[0].to_string_lossy().into_owned();
-    let started = Instant::now();
-    let child = cmd.spawn().map_err(|e| RunError::Spawn(name.clone(), e))?;
-    let pid = child.id();
-    CHILD.store(pid as i32, Ordering::Relaxed);
-    handle_signals();
-
-    let socket_dir = zmem_runenv::socket_dir(cfg.socket_dir.as_deref());
-    let mut last_live: Option<ProcessStats> = None;
-    let (mut peak_data, mut peak_dram) = (0u64, 0u64);
-    let mut status = 0;
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let mut next_poll = Instant::now() + Duration::from_millis(200);
-    loop {
-        // SAFETY: waiting for our own child, filling status and ru.
-        let r = unsafe { libc::wait4(pid as i32, &mut status, libc::WNOHANG, &mut ru) };
-        if r == pid as i32 {
-            break;
-        }
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(RunError::Io(format!("waiting for {name}: {e}")));
-        }
-        if Instant::now() >= next_poll {
-            if let Ok(s) = query(&socket_dir, pid) {
-                peak_data = peak_data.max(s.data());
-                peak_dram = peak_dram.max(s.resident() + s.mem_used_total());
-                last_live = Some(s);
-            }
-            next_poll = Instant::now() + Duration::from_millis(500);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    CHILD.store(0, Ordering::Relaxed);
-    let wall = started.elapsed();
-    let _ = std::fs::remove_file(zmem_runenv::socket_path(&socket_dir, pid));
-    let (code, signal) = if libc::WIFSIGNALED(status) {
-        let s = libc::WTERMSIG(status);
-        (128 + s, Some(s))
-    } else {
-        (libc::WEXITSTATUS(status), None)
-    };
-
-    let read_report =
-        |p: &Path| -> Option<ProcessStats> { serde_json::from_slice(&std::fs::read(p).ok()?).ok() };
-    let own = read_report(&zmem_runenv::report_path(report_dir.path(), pid));
-    let (zmem, source) = match (own, last_live) {
-        (Some(s), _) => (Some(s), "exit report"),
-        (None, Some(s)) => (Some(s), "last live sample"),
-        (None, None) => (None, "none"),
-    };
-    if let Some(s) = &zmem {
-        peak_data = peak_data.max(s.data());
-        peak_dram = peak_dram.max(s.resident() + s.mem_used_total());
-    }
-    let mut others: Vec<ProcessStats> = std::fs::read_dir(report_dir.path())
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "json"))
-                .filter_map(|p| read_report(&p))
-                .filter(|s| s.pid != pid)
-                .collect()
-        })
-        .unwrap_or_default();
-    others.sort_by_key(|s| s.pid);
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    let report = RunReport {
-        command: a
-            .command
-            .iter()
-            .map(|s| s.to_string_lossy().into_owned())
-            .collect(),
-        exit_code: code,
-        signal,
-        wall_s: wall.as_secs_f64(),
-        user_cpu_s: tv(ru.ru_utime),
-        system_cpu_s: tv(ru.ru_stime),
-        max_rss: ru.ru_maxrss as u64 * 1024,
-        zmem,
-        source: source.into(),
-        peak_data,
-        peak_dram,
-        fallback: a.fallback,
-        others,
-    };
-    if !a.quiet {
-        eprint!("{}", summary(&name, pid, &report));
-    }
-    if let Some(path) = &a.stats {
-        let body = serde_json::to_vec_pretty(&report).expect("plain data");
-        std::fs::write(path, body)
-            .map_err(|e| RunError::Io(format!("cannot write {}: {e}", path.display())))?;
-    }
-    Ok(code)
-}
-
-fn summary(name: &str, pid: u32, r: &RunReport) -> String {
-    let how = match r.signal {
-        Some(s) => format!("was killed by signal {s}"),
-        None => format!("exited with status {}", r.exit_code),
-    };
-    let mut out = format!(
-        "zmem: {name} (pid {pid}) {how} after {:.1} s; CPU {:.2} s user + {:.2} s system, peak RSS {}\n",
-        r.wall_s,
-        r.user_cpu_s,
-        r.system_cpu_s,
-        human(r.max_rss)
-    );
-    match &r.zmem {
-        None if r.fallback => {
-            out += "zmem: zmem did not start in the program, which ran uncompressed (--fallback; see the warning above)\n"
-        }
-        None => {
-            out += "zmem: the program never started zmem (did LD_PRELOAD apply?); no statistics\n"
-        }
-        Some(s) => {
-            const SHOWN: usize = 5;
-            let mut rows = vec![s];
-            rows.extend(r.others.iter().take(SHOWN));
-            out += &table(&rows);
-            if r.others.len() > SHOWN {
-                out += &format!(
-                    "zmem: and {} more processes this run exec'd\n",
-                    r.others.len() - SHOWN
-                );
-            }
-            out += &format!(
-                "zmem: peak heap data {} in {} of DRAM ({:.2}x)\n",
-                human(r.peak_data),
-                human(r.peak_dram),
-                r.peak_data as f64 / r.peak_dram.max(1) as f64
-            );
-            if r.source != "exit report" {
-                out += &format!(
-                    "zmem: figures are the {} (the program ended without its exit report)\n",
-                    r.source
-                );
-            }
-            if s.store_refused() > 0 {
-                out += &format!(
-                    "zmem: the compressed store was full {} times; those pages stayed in DRAM\n",
-                    s.store_refused()
-                );
-            }
-        }
-    }
-    out
+    let e = cmd.exec();
+    let _ = std::fs::remove_dir_all(&reports);
+    Err(RunError::Spawn(name, e))
 }
 
 #[cfg(test)]

@@ -12,8 +12,6 @@ use anyhow::bail;
 use clap::Args;
 use zmem_runenv::ProcessStats;
 
-use crate::size::format_size_approx as human;
-
 /// Reads one process's live statistics from its socket.
 pub fn query(dir: &Path, pid: u32) -> std::io::Result<ProcessStats> {
     let path = zmem_runenv::socket_path(dir, pid);
@@ -24,42 +22,7 @@ pub fn query(dir: &Path, pid: u32) -> std::io::Result<ProcessStats> {
     serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
-/// The zramctl-like table of one or more processes.
-pub fn table(rows: &[&ProcessStats]) -> String {
-    let mut out = format!(
-        "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>8}\n",
-        "PID",
-        "PROGRAM",
-        "HEAP",
-        "BUDGET",
-        "DATA",
-        "COMPR",
-        "TOTAL",
-        "RATIO",
-        "RESIDENT",
-        "FAULTS",
-        "EVICTED",
-        "ZMEM-CPU"
-    );
-    for s in rows {
-        out += &format!(
-            "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>7.2}s\n",
-            s.pid,
-            s.program.chars().take(16).collect::<String>(),
-            human(s.heap_size()),
-            human(s.budget()),
-            human(s.data()),
-            human(s.compr_data_size()),
-            human(s.mem_used_total()),
-            format!("{:.2}", s.ratio()),
-            human(s.resident()),
-            s.major_faults() + s.zero_faults(),
-            s.evictions(),
-            s.codec_cpu_ns as f64 / 1e9,
-        );
-    }
-    out
-}
+pub use zmem_runenv::report::table;
 
 #[derive(Debug, Args)]
 pub struct StatArgs {

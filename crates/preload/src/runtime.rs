@@ -5,11 +5,12 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::*};
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use zmem_region::{Budget, Region, RegionConfig};
+use zmem_runenv::report::RunReport;
 use zmem_runenv::{OnError, ProcessStats, RunConfig};
 
 use crate::heap;
@@ -165,7 +166,7 @@ fn init() -> Result<(), InitError> {
     tracing::debug!(pins = ?heap::pins(), heap_start, heap_len, "program heap ready");
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() } as u32;
-    let socket = crate::server::start(config.socket_dir.as_deref(), pid, served_stats);
+    let socket = crate::server::start(config.socket_dir.as_deref(), pid, served_stats, sample_peak);
     let rt = Runtime {
         region,
         config,
@@ -176,8 +177,9 @@ fn init() -> Result<(), InitError> {
     if RUNTIME.set(rt).is_err() {
         return Err(fail("zmem started twice".into()));
     }
-    // SAFETY: registering a plain extern "C" function.
-    unsafe { libc::atexit(at_exit) };
+    // SAFETY: registering a plain extern "C" function; glibc's on_exit (unlike atexit) passes
+    // the exit status, which the run's report needs.
+    unsafe { on_exit(at_exit, std::ptr::null_mut()) };
     Ok(())
 }
 
@@ -221,7 +223,26 @@ pub fn in_creator() -> bool {
     runtime().is_some_and(|rt| rt.pid == unsafe { libc::getpid() } as u32)
 }
 
-extern "C" fn at_exit() {
+extern "C" {
+    fn on_exit(
+        f: extern "C" fn(libc::c_int, *mut libc::c_void),
+        arg: *mut libc::c_void,
+    ) -> libc::c_int;
+}
+
+/// The most heap data and DRAM seen (sampled every 0.5 s by the stats thread, and at exit).
+static PEAK_DATA: AtomicU64 = AtomicU64::new(0);
+static PEAK_DRAM: AtomicU64 = AtomicU64::new(0);
+
+fn sample_peak() {
+    if let Some(rt) = runtime() {
+        let s = ProcessStats::of_region(rt.region.stats());
+        PEAK_DATA.fetch_max(s.data(), Relaxed);
+        PEAK_DRAM.fetch_max(s.resident() + s.mem_used_total(), Relaxed);
+    }
+}
+
+extern "C" fn at_exit(status: libc::c_int, _arg: *mut libc::c_void) {
     let was = heap::set_internal(true);
     let _ = std::panic::catch_unwind(|| {
         if !in_creator() {
@@ -231,13 +252,79 @@ extern "C" fn at_exit() {
         if let Some(sock) = &rt.socket {
             let _ = std::fs::remove_file(sock);
         }
-        if let Some(dir) = &rt.config.report_dir {
+        if rt.config.run_pid == Some(rt.pid) {
+            report_run(rt, status);
+        } else if let Some(dir) = &rt.config.report_dir {
             write_report(dir, rt.pid);
         }
     });
     heap::set_internal(was);
 }
 
+/// The run's report, by the process `zmem run` became: its own figures, those of the processes
+/// it exec'd that exited before it (from the report directory, removed afterwards), the summary
+/// on stderr and the `--stats` file.
+fn report_run(rt: &Runtime, status: i32) {
+    sample_peak();
+    let zmem = stats();
+    let mut others = Vec::new();
+    if let Some(dir) = &rt.config.report_dir {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let read = std::fs::read(e.path()).ok();
+                if let Some(s) = read.and_then(|b| serde_json::from_slice::<ProcessStats>(&b).ok())
+                {
+                    if s.pid != rt.pid {
+                        others.push(s);
+                    }
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    others.sort_by_key(|s| s.pid);
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: ru is a valid rusage to fill.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let command: Vec<String> = std::fs::read("/proc/self/cmdline")
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let name = command.first().cloned().unwrap_or_else(program_name);
+    let report = RunReport {
+        command,
+        exit_code: status,
+        wall_s: rt.started.elapsed().as_secs_f64(),
+        user_cpu_s: secs(ru.ru_utime),
+        system_cpu_s: secs(ru.ru_stime),
+        max_rss: ru.ru_maxrss as u64 * 1024,
+        peak_data: PEAK_DATA.load(Relaxed).max(zmem.data()),
+        peak_dram: PEAK_DRAM
+            .load(Relaxed)
+            .max(zmem.resident() + zmem.mem_used_total()),
+        zmem,
+        others,
+    };
+    if rt.config.summary {
+        eprint!("{}", zmem_runenv::report::summary(&name, &report));
+    }
+    if let Some(path) = &rt.config.stats_file {
+        let written = serde_json::to_vec_pretty(&report)
+            .map_err(std::io::Error::other)
+            .and_then(|body| std::fs::write(path, body));
+        if let Err(e) = written {
+            eprintln!(
+                "zmem: cannot write the run's statistics to {}: {e}",
+                path.display()
+            );
+        }
+    }
+}
 fn write_report(dir: &std::path::Path, pid: u32) {
     let path = zmem_runenv::report_path(dir, pid);
     let tmp = path.with_extension("json.tmp");

@@ -1,7 +1,8 @@
 //! The stats socket: `<socket dir>/<pid>.sock` in a directory only this user can enter, mode
 //! 0600, and a peer credential check on every connection. Each connection gets one JSON line
 //! (zmem_runenv::ProcessStats) and is closed. The statistics come from the function the
-//! runtime passes in, so this module knows nothing of the runtime.
+//! runtime passes in, so this module knows nothing of the runtime; so does a tick the thread
+//! runs every half second (the runtime samples its peak figures there).
 
 use std::io::Write;
 use std::os::unix::io::AsRawFd;
@@ -13,7 +14,12 @@ use zmem_runenv::ProcessStats;
 /// Starts the server thread; returns the socket's path, or None (with a warning) when it cannot
 /// be served: statistics are a convenience, never a reason to stop the program. `stats` gives
 /// the reply; None (a forked child that inherited the socket) stops the server.
-pub fn start(dir: Option<&Path>, pid: u32, stats: fn() -> Option<ProcessStats>) -> Option<PathBuf> {
+pub fn start(
+    dir: Option<&Path>,
+    pid: u32,
+    stats: fn() -> Option<ProcessStats>,
+    tick: fn(),
+) -> Option<PathBuf> {
     let dir = zmem_runenv::socket_dir(dir);
     let (listener, path) = match bind(&dir, pid) {
         Ok(x) => x,
@@ -22,10 +28,22 @@ pub fn start(dir: Option<&Path>, pid: u32, stats: fn() -> Option<ProcessStats>) 
             return None;
         }
     };
-    let spawned = zmem_os::thread::spawn("zmem-stat".into(), move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            if !same_user(&conn) {
+    if let Err(e) = listener.set_nonblocking(true) {
+        tracing::warn!("no live statistics (zmem stat): {e}");
+        return None;
+    }
+    let spawned = zmem_os::thread::spawn("zmem-stat".into(), move || loop {
+        // Wakes for a connection or every TICK_MS, to run `tick` (the run's peak figures).
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, TICK_MS) };
+        tick();
+        while let Ok((mut conn, _)) = listener.accept() {
+            if !same_user(&conn) || conn.set_nonblocking(false).is_err() {
                 continue;
             }
             let Some(stats) = stats() else {
@@ -46,6 +64,9 @@ pub fn start(dir: Option<&Path>, pid: u32, stats: fn() -> Option<ProcessStats>) 
         }
     }
 }
+
+/// How often the server thread runs its tick.
+const TICK_MS: i32 = 500;
 
 fn same_user(conn: &UnixStream) -> bool {
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };

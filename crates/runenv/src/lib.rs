@@ -5,8 +5,10 @@
 //!   hand with `LD_PRELOAD`);
 //! - [`ProcessStats`]: a process's live statistics, as JSON over its stats socket and in the
 //!   report it writes when it exits;
-//! - where the sockets and reports live ([`socket_dir`], [`socket_path`], [`report_path`]).
+//! - where the sockets and reports live ([`socket_dir`], [`socket_path`], [`report_path`]);
+//! - what a run reports when its program exits ([`report::RunReport`], [`report::summary`]).
 
+pub mod report;
 pub mod size;
 
 use std::path::{Path, PathBuf};
@@ -42,9 +44,16 @@ pub const ENV_SOCKET_DIR: &str = "ZMEM_SOCKET_DIR";
 pub const ENV_ON_ERROR: &str = "ZMEM_ON_ERROR";
 /// tracing filter of the library's messages on stderr (default `warn`).
 pub const ENV_LOG: &str = "ZMEM_LOG";
+/// The pid `zmem run` execs its program in: the process with this pid (and no other) writes
+/// the run's summary and `--stats` report when it exits.
+pub const ENV_RUN_PID: &str = "ZMEM_RUN_PID";
+/// `1`: that process prints the summary on stderr (`zmem run` without `--quiet`).
+pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
+/// Where that process writes the run's report as JSON (`--stats FILE`).
+pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 11] = [
+pub const ALL_VARS: [&str; 14] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -56,6 +65,9 @@ pub const ALL_VARS: [&str; 11] = [
     ENV_SOCKET_DIR,
     ENV_ON_ERROR,
     ENV_LOG,
+    ENV_RUN_PID,
+    ENV_SUMMARY,
+    ENV_STATS_FILE,
 ];
 
 /// The default resident budget when neither `ZMEM_RESIDENT` nor `ZMEM_ADAPTIVE` is set.
@@ -105,6 +117,10 @@ pub struct RunConfig {
     pub socket_dir: Option<PathBuf>,
     pub on_error: OnError,
     pub log: Option<String>,
+    /// The process that reports the run (see [`ENV_RUN_PID`]).
+    pub run_pid: Option<u32>,
+    pub summary: bool,
+    pub stats_file: Option<PathBuf>,
 }
 
 impl Default for RunConfig {
@@ -120,6 +136,9 @@ impl Default for RunConfig {
             socket_dir: None,
             on_error: OnError::Fail,
             log: None,
+            run_pid: None,
+            summary: false,
+            stats_file: None,
         }
     }
 }
@@ -183,6 +202,22 @@ impl RunConfig {
             };
         }
         c.log = get(ENV_LOG).filter(|s| !s.is_empty());
+        if let Some(v) = get(ENV_RUN_PID) {
+            c.run_pid = Some(
+                v.parse()
+                    .ok()
+                    .filter(|&p: &u32| p > 0)
+                    .ok_or_else(|| invalid(ENV_RUN_PID, &v, "expected a process id"))?,
+            );
+        }
+        c.summary = match get(ENV_SUMMARY).as_deref() {
+            None | Some("0") | Some("") => false,
+            Some("1") => true,
+            Some(v) => return Err(invalid(ENV_SUMMARY, v, "expected 0 or 1")),
+        };
+        c.stats_file = get(ENV_STATS_FILE)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
         Ok(c)
     }
 
@@ -218,6 +253,15 @@ impl RunConfig {
         ));
         if let Some(l) = &self.log {
             v.push((ENV_LOG, l.clone()));
+        }
+        if let Some(p) = self.run_pid {
+            v.push((ENV_RUN_PID, p.to_string()));
+        }
+        if self.summary {
+            v.push((ENV_SUMMARY, "1".into()));
+        }
+        if let Some(f) = &self.stats_file {
+            v.push((ENV_STATS_FILE, f.display().to_string()));
         }
         v
     }
@@ -485,6 +529,9 @@ mod tests {
             socket_dir: Some("/tmp/s".into()),
             on_error: OnError::Off,
             log: Some("debug".into()),
+            run_pid: Some(4242),
+            summary: true,
+            stats_file: Some("/tmp/run.json".into()),
         };
         let v = c.to_vars();
         let m: HashMap<String, String> =
@@ -524,6 +571,9 @@ mod tests {
             (ENV_HANDLER_THREADS, "0"),
             (ENV_HANDLER_THREADS, "99"),
             (ENV_ON_ERROR, "ignore"),
+            (ENV_RUN_PID, "0"),
+            (ENV_RUN_PID, "me"),
+            (ENV_SUMMARY, "yes"),
         ] {
             let e = RunConfig::from_vars(vars(&[(k, v)])).unwrap_err();
             let msg = e.to_string();

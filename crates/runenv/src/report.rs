@@ -1,0 +1,140 @@
+//! What a `zmem run` reports when its program exits: [`RunReport`] (the `--stats FILE` JSON)
+//! and its text form ([`summary`], with the zramctl-like [`table`] that `zmem stat` prints too).
+//! `zmem run` execs the program in its own place, so the preload library of that process (the
+//! one whose pid is `ZMEM_RUN_PID`) writes both when the program exits.
+
+use serde::{Deserialize, Serialize};
+
+use crate::size::format_size_approx as human;
+use crate::ProcessStats;
+
+/// What `--stats FILE` holds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RunReport {
+    pub command: Vec<String>,
+    /// The status the program passed to exit (a program killed by a signal writes no report).
+    pub exit_code: i32,
+    /// From zmem's start in the program (before `main`) to its exit.
+    pub wall_s: f64,
+    pub user_cpu_s: f64,
+    pub system_cpu_s: f64,
+    /// Peak resident set of the program (kernel's maxrss), bytes.
+    pub max_rss: u64,
+    /// The program's zmem statistics at exit.
+    pub zmem: ProcessStats,
+    /// The most heap data (resident + compressed, uncompressed bytes) and the most DRAM it took
+    /// (resident + compressed pool), over samples every 0.5 s and the exit.
+    pub peak_data: u64,
+    pub peak_dram: u64,
+    /// Other processes under this run that used zmem (exec'd children that exited before it).
+    pub others: Vec<ProcessStats>,
+}
+
+/// The zramctl-like table of one or more processes.
+pub fn table(rows: &[&ProcessStats]) -> String {
+    let mut out = format!(
+        "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>8}\n",
+        "PID",
+        "PROGRAM",
+        "HEAP",
+        "BUDGET",
+        "DATA",
+        "COMPR",
+        "TOTAL",
+        "RATIO",
+        "RESIDENT",
+        "FAULTS",
+        "EVICTED",
+        "ZMEM-CPU"
+    );
+    for s in rows {
+        out += &format!(
+            "{:>8} {:<16} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9} {:>9} {:>7.2}s\n",
+            s.pid,
+            s.program.chars().take(16).collect::<String>(),
+            human(s.heap_size()),
+            human(s.budget()),
+            human(s.data()),
+            human(s.compr_data_size()),
+            human(s.mem_used_total()),
+            format!("{:.2}", s.ratio()),
+            human(s.resident()),
+            s.major_faults() + s.zero_faults(),
+            s.evictions(),
+            s.codec_cpu_ns as f64 / 1e9,
+        );
+    }
+    out
+}
+
+/// The summary printed on stderr when the program exits.
+pub fn summary(name: &str, r: &RunReport) -> String {
+    let s = &r.zmem;
+    let mut out = format!(
+        "zmem: {name} (pid {}) exited with status {} after {:.1} s; CPU {:.2} s user + {:.2} s system, peak RSS {}\n",
+        s.pid,
+        r.exit_code,
+        r.wall_s,
+        r.user_cpu_s,
+        r.system_cpu_s,
+        human(r.max_rss)
+    );
+    const SHOWN: usize = 5;
+    let mut rows = vec![s];
+    rows.extend(r.others.iter().take(SHOWN));
+    out += &table(&rows);
+    if r.others.len() > SHOWN {
+        out += &format!(
+            "zmem: and {} more processes this run exec'd\n",
+            r.others.len() - SHOWN
+        );
+    }
+    out += &format!(
+        "zmem: peak heap data {} in {} of DRAM ({:.2}x)\n",
+        human(r.peak_data),
+        human(r.peak_dram),
+        r.peak_data as f64 / r.peak_dram.max(1) as f64
+    );
+    if s.store_refused() > 0 {
+        out += &format!(
+            "zmem: the compressed store was full {} times; those pages stayed in DRAM\n",
+            s.store_refused()
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_names_the_status_and_every_process() {
+        let mut r = RunReport {
+            exit_code: 3,
+            wall_s: 1.25,
+            peak_data: 8 << 20,
+            peak_dram: 4 << 20,
+            ..Default::default()
+        };
+        r.zmem.pid = 42;
+        r.zmem.program = "prog".into();
+        r.others = (0..7)
+            .map(|i| ProcessStats {
+                pid: 100 + i,
+                program: format!("child{i}"),
+                ..Default::default()
+            })
+            .collect();
+        let s = summary("prog", &r);
+        assert!(
+            s.starts_with("zmem: prog (pid 42) exited with status 3 after 1.2 s"),
+            "{s}"
+        );
+        assert!(s.contains("child4") && !s.contains("child5"), "{s}");
+        assert!(s.contains("and 2 more processes"), "{s}");
+        assert!(s.contains("peak heap data 8M in 4M of DRAM (2.00x)"), "{s}");
+        let back: RunReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.others.len(), 7);
+    }
+}
