@@ -312,6 +312,15 @@ pub unsafe fn add_region(base: usize, len: usize) -> Result<(usize, usize), Stri
     PROGRAM_START.store(start, Relaxed);
     PROGRAM_END.store(end, Relaxed);
     mi::mi_option_set(mi::OPTION_DISALLOW_OS_ALLOC, 1);
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // Freed memory leaves the region at once (mimalloc waits 1 s by default): pages the
+        // program freed are then dropped instead of being evicted, compressed and faulted back
+        // as if they were data. Measured (zmem run --resident 16M --size 2G,
+        // tests/c/malloc_stress.c 4 3000 700 1): evictions 355,841 -> 309,660, major faults
+        // 191,920 -> 172,786, peak heap data 231M -> 201M; the time within this VM's noise
+        // (7.0-8.2 s either way). sqlite3 :memory: (1M rows, index, GROUP BY): no change.
+        mi::mi_option_set(mi::OPTION_PURGE_DELAY, 0);
+    }
     mi::mi_option_set(mi::OPTION_ARENA_MAX_OBJECT_SIZE, (REGION_CHUNK >> 10) as _);
     Ok(span)
 }

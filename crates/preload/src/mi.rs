@@ -19,6 +19,8 @@ pub type mi_commit_fun_t = unsafe extern "C" fn(
 
 /// mi_option_show_errors: print error messages.
 pub const OPTION_SHOW_ERRORS: c_int = 0;
+/// mi_option_purge_delay (ms): how long freed memory waits before it is purged (decommitted).
+pub const OPTION_PURGE_DELAY: c_int = 15;
 /// mi_option_disallow_os_alloc: only arenas given to mimalloc, no memory of its own from the OS.
 pub const OPTION_DISALLOW_OS_ALLOC: c_int = 17;
 /// mi_option_arena_max_object_size (KiB): larger objects would bypass the arenas.
