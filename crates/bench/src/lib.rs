@@ -8,7 +8,7 @@
 //! zmem-workload crate, shared with the region's policy simulator.
 //!
 //! Benchmarks: [`pages`] (with its targets [`blockdev`] and [`zmem_target`]), [`compare`],
-//! [`codecs`], [`region`], [`adaptive`], [`kv`] (with [`redis`] and [`memcached`]).
+//! [`codecs`], [`region`], [`adaptive`], [`kv`] (with [`redis`] and [`memcached`]), [`programs`].
 
 pub mod abort;
 pub mod corpus;
@@ -24,6 +24,7 @@ pub mod compare;
 pub mod kv;
 pub mod memcached;
 pub mod pages;
+pub mod programs;
 pub mod redis;
 pub mod region;
 pub mod zmem_target;
@@ -59,6 +60,10 @@ pub enum BenchCommand {
     Redis(Box<kv::KvArgs>),
     /// The same experiment on memcached.
     Memcached(Box<kv::KvArgs>),
+    /// Real programs (sqlite3, sort, jq, xz, gcc, python3) plain, under `zmem run --resident B`
+    /// and under the kernel (cgroup limit B, zram swap): outputs checked identical, times and
+    /// major faults side by side.
+    Programs(Box<programs::ProgramsArgs>),
 }
 
 impl BenchCommand {
@@ -74,6 +79,7 @@ impl BenchCommand {
             BenchCommand::Hog(a) => adaptive::hog::hog_main(&a),
             BenchCommand::Redis(a) => redis::run(&a),
             BenchCommand::Memcached(a) => memcached::run(&a),
+            BenchCommand::Programs(a) => programs::run::run(&a),
         }
     }
 }

@@ -359,13 +359,13 @@ pub(super) fn free_port() -> anyhow::Result<u16> {
 
 /// Reads the cgroup's memory.stat every [`STAT_POLL`] while it lives (see there: without it the
 /// kernel OOM-kills small cgroups that swap to zram although it could reclaim).
-pub(super) struct StatPoller {
+pub(crate) struct StatPoller {
     stop: Arc<AtomicBool>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
 impl StatPoller {
-    pub(super) fn start(cg: &Path) -> StatPoller {
+    pub(crate) fn start(cg: &Path) -> StatPoller {
         let stop = Arc::new(AtomicBool::new(false));
         let file = cg.join("memory.stat");
         let s = stop.clone();
