@@ -742,6 +742,66 @@ fn signals_reach_the_program_itself() {
     }
 }
 
+/// A program that closes every descriptor it did not open (daemons do), or dup2s over them
+/// (shells do), while its heap is evicted. Closing zmem's userfaultfd used to turn every evicted
+/// page into zeros, silently (25 MB of 32 MB wrong). The C library's ways must leave it open
+/// (the heap reads back intact); a raw close_range system call, which no wrapper sees, must end
+/// the program with zmem's message, never let it finish on zeros.
+#[test]
+fn closing_zmems_descriptors_never_loses_the_heap() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("closer", dir.path(), &[]);
+    for mode in ["0", "1", "2", "3"] {
+        let mut cmd = zmem_cmd(&["run", "--quiet", "--resident", "8M", "--"]);
+        cmd.arg(&prog).arg(mode);
+        let out = run_to_end(
+            cmd,
+            dir.path(),
+            &format!("closer-{mode}"),
+            Duration::from_secs(120),
+        );
+        assert_eq!(
+            out.code,
+            Some(0),
+            "mode {mode}: {}\n{}",
+            out.stdout,
+            tail(&out.stderr)
+        );
+        assert!(
+            out.stdout.starts_with("bad bytes: 0 "),
+            "mode {mode}: {}",
+            out.stdout
+        );
+        if mode == "3" {
+            assert!(
+                out.stderr.contains("refusing dup2 onto descriptor"),
+                "{}",
+                out.stderr
+            );
+            assert!(!out.stdout.contains("refused 0)"), "{}", out.stdout);
+        }
+    }
+    let mut cmd = zmem_cmd(&["run", "--quiet", "--resident", "8M", "--"]);
+    cmd.arg(&prog).arg("4");
+    let out = run_to_end(cmd, dir.path(), "closer-raw", Duration::from_secs(120));
+    assert!(
+        out.stderr.contains("was closed by a raw system call"),
+        "{}\n{}",
+        out.stdout,
+        tail(&out.stderr)
+    );
+    assert_ne!(
+        out.code,
+        Some(0),
+        "the program finished on a lost heap: {}",
+        out.stdout
+    );
+}
+
 #[test]
 fn fork_and_exec() {
     if !ready() {

@@ -6,6 +6,7 @@
 //! engine, the store and the region can all share it without depending on each other.
 
 pub mod errno;
+pub mod fds;
 pub mod mapping;
 pub mod thread;
 

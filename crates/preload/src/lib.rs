@@ -17,6 +17,7 @@
 //! from an internal heap that is not in the region, so they never fault on memory they serve;
 //! fork is handled by the region (pthread_atfork + the userfaultfd FORK event).
 
+mod fds;
 mod heap;
 mod jemalloc;
 mod logging;

@@ -28,6 +28,8 @@ pub fn start(
             return None;
         }
     };
+    // Out of the program's way, like the region's userfaultfd (zmem_os::fds).
+    let listener = UnixListener::from(zmem_os::fds::move_high(listener.into()));
     if let Err(e) = listener.set_nonblocking(true) {
         tracing::warn!("no live statistics (zmem stat): {e}");
         return None;

@@ -129,6 +129,7 @@ impl Shared {
                         inner.staged.remove(&v);
                     }
                 }
+                Err(e) if e.code() == libc::EBADF => crate::manager::lost_descriptor(s.uffd.raw()),
                 Err(e) => {
                     if e.code() == libc::EAGAIN {
                         aborted = true; // an event is pending (fork, remove): let it through

@@ -316,6 +316,9 @@ impl Shared {
             if self.stop.load(Relaxed) {
                 break;
             }
+            if fds[2].revents & libc::POLLNVAL != 0 {
+                lost_descriptor(self.root.uffd.raw());
+            }
             if self.forking.load(Acquire) {
                 self.fork_mode(&spaces, &mut fds, &mut msgs, &mut deferred, &mut forks);
                 for (parent, fd) in forks.drain(..) {
@@ -332,6 +335,9 @@ impl Shared {
                 loop {
                     let n = match s.uffd.read_msgs(&mut msgs) {
                         Ok(n) => n,
+                        Err(e) if e.code() == libc::EBADF && i == 0 => {
+                            lost_descriptor(s.uffd.raw())
+                        }
                         Err(e) => {
                             tracing::error!("read from userfaultfd: {e}");
                             0
@@ -398,5 +404,21 @@ impl Shared {
                 Served::Done
             }
         }
+    }
+}
+
+/// The region's userfaultfd was closed behind zmem's back (a raw close or close_range system
+/// call, which the preload library's wrappers cannot see): its memory is unregistered, so every
+/// evicted page would now read as zeros. Stop the process with a message rather than let it run
+/// on wrong data.
+pub(crate) fn lost_descriptor(fd: i32) -> ! {
+    let msg = format!(
+        "zmem: descriptor {fd}, the userfaultfd of zmem's heap, was closed by a raw system call; \
+         the compressed pages cannot be brought back: aborting rather than running on zeros\n"
+    );
+    // SAFETY: writing our own buffer to stderr, then ending the process.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::abort()
     }
 }

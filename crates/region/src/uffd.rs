@@ -165,6 +165,13 @@ pub enum OpenError {
     Unsupported(&'static str, String),
 }
 
+impl Drop for Uffd {
+    fn drop(&mut self) {
+        // zmem closes it itself (the field's drop, next): no longer the program's to spare.
+        zmem_os::fds::unprotect(self.raw());
+    }
+}
+
 impl Uffd {
     /// Opens a full-mode userfaultfd with `features`, which must all be available.
     pub fn open(features: u64) -> Result<(Uffd, Opened), OpenError> {
@@ -223,8 +230,11 @@ impl Uffd {
             }
         };
         // SAFETY: fd was just returned to us and is owned by nobody else.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Out of the program's way: a program that closes it would silently lose every evicted
+        // page (zmem_os::fds).
         let uffd = Uffd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd: zmem_os::fds::move_high(owned),
         };
         Ok((uffd, how))
     }
@@ -243,7 +253,9 @@ impl Uffd {
             libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
             libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
         }
-        Uffd { fd: owned }
+        Uffd {
+            fd: zmem_os::fds::move_high(owned),
+        }
     }
 
     pub fn raw(&self) -> RawFd {
