@@ -802,6 +802,47 @@ fn closing_zmems_descriptors_never_loses_the_heap() {
     );
 }
 
+/// clearenv, vfork + exec, fork without exec, exec of a static binary and glibc's clone(2), each
+/// on an evicted heap (tests/c/bad_calls.c): each must keep working, with the heap intact.
+#[test]
+fn unusual_process_calls_keep_working() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("bad_calls", dir.path(), &[]);
+    let stat = compile("static_hello", dir.path(), &["-static"]);
+    for (mode, what) in [
+        ("0", "clearenv"),
+        ("1", "vfork"),
+        ("2", "fork"),
+        ("3", "static exec"),
+        ("4", "clone"),
+    ] {
+        let mut cmd = zmem_cmd(&["run", "--quiet", "--resident", "4M", "--"]);
+        cmd.arg(&prog).arg(mode).arg(&stat);
+        let out = run_to_end(
+            cmd,
+            dir.path(),
+            &format!("bad-calls-{mode}"),
+            Duration::from_secs(120),
+        );
+        assert_eq!(
+            out.code,
+            Some(0),
+            "{what}: {}\n{}",
+            out.stdout,
+            tail(&out.stderr)
+        );
+        assert!(
+            out.stdout.contains(&format!("{what}: status 0 bad 0")),
+            "{what}: {}",
+            out.stdout
+        );
+    }
+}
+
 #[test]
 fn fork_and_exec() {
     if !ready() {
