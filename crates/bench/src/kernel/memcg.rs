@@ -168,6 +168,26 @@ pub fn parse_memory_stat(text: &str) -> HashMap<String, u64> {
         .collect()
 }
 
+/// Moves the calling process into the cgroup whose `cgroup.procs` path is `procs` (written
+/// "0": the writer itself). For `Command::pre_exec`: only system calls on data prepared before
+/// the fork, no allocation.
+pub fn join_in_child(procs: &std::ffi::CStr) -> std::io::Result<()> {
+    // SAFETY: open/write/close on a valid C string and a static buffer.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if n != 1 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

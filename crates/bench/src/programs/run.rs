@@ -123,17 +123,7 @@ pub fn execute(
                 return Err(std::io::Error::last_os_error());
             }
             if let Some(procs) = &procs {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // "0": the writing process itself.
-                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-                let err = std::io::Error::last_os_error();
-                libc::close(fd);
-                if n != 1 {
-                    return Err(err);
-                }
+                crate::kernel::memcg::join_in_child(procs)?;
             }
             Ok(())
         });
