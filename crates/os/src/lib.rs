@@ -6,11 +6,13 @@
 //! engine, the store and the region can all share it without depending on each other.
 
 pub mod errno;
+pub mod extents;
 pub mod fds;
 pub mod mapping;
 pub mod thread;
 
 pub use errno::Errno;
+pub use extents::Extents;
 pub use mapping::{Mapping, MappingFlags};
 
 /// The page size zmem compresses, stores and faults in: the base page of x86-64 and of the

@@ -130,6 +130,24 @@ impl Shared {
                     }
                 }
                 Err(e) if e.code() == libc::EBADF => crate::manager::lost_descriptor(s.uffd.raw()),
+                Err(e) if e.code() == libc::EINVAL => {
+                    // The program made the page read-only, executable, inaccessible or
+                    // mlocked: the kernel moves pages only between areas of the same protection
+                    // and locking. It stays resident, held outside the budget, until the
+                    // program makes it writable again (Region::release_held).
+                    let mut inner = s.inner.lock();
+                    if inner.state.get(v as usize) == Staged {
+                        inner.state.set(v as usize, Resident);
+                        inner.staged.remove(&v);
+                        inner.hold(v);
+                    }
+                    if !self.held_warned.swap(true, Relaxed) {
+                        tracing::info!(
+                            "page {v} cannot be moved out (its protection or mlock differs): \
+                             such pages stay in DRAM, outside the budget"
+                        );
+                    }
+                }
                 Err(e) => {
                     if e.code() == libc::EAGAIN {
                         aborted = true; // an event is pending (fork, remove): let it through

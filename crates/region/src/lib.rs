@@ -181,6 +181,7 @@ impl Region {
             last_fault_at: Mutex::new(std::time::Instant::now()),
             forking: AtomicBool::new(false),
             store_full: AtomicBool::new(false),
+            held_warned: AtomicBool::new(false),
             store_full_ms: AtomicU64::new(0),
             enomem_streak: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
@@ -247,12 +248,13 @@ impl Region {
     pub fn stats(&self) -> RegionStats {
         let sh = self.shared();
         let c = &sh.counters;
-        let (resident, pinned) = {
+        let (resident, pinned, held) = {
             let inner = sh.root.inner.lock();
             let page = PAGE as u64;
             (
                 inner.resident as u64 * page,
                 inner.pinned_resident as u64 * page,
+                inner.held.len() as u64 * page,
             )
         };
         let fault_latency = {
@@ -268,8 +270,9 @@ impl Region {
         RegionStats {
             size: self.len as u64,
             budget: sh.budget() as u64 * PAGE as u64,
-            resident: resident + pinned,
+            resident: resident + pinned + held,
             pinned,
+            held,
             staged: c.staged_now.load(Relaxed) as u64 * PAGE as u64,
             major_faults: c.major_faults.load(Relaxed),
             zero_faults: c.zero_faults.load(Relaxed),
@@ -295,16 +298,7 @@ impl Region {
     /// budget (`RegionStats::pinned` shows them). For memory that the threads serving the region
     /// may touch themselves (an allocator's metadata inside the region), which must never fault.
     pub fn pin(&self, offset: usize, len: usize) -> Result<(), RegionError> {
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= self.len)
-            .ok_or_else(|| {
-                RegionError::Config(format!(
-                    "pin range {offset}+{len} is outside the region of {} bytes",
-                    self.len
-                ))
-            })?;
-        let (first, last) = ((offset / PAGE) as u32, end.div_ceil(PAGE) as u32);
+        let (first, last) = self.page_range("pin", offset, len)?;
         let sh = self.shared();
         let mut inner = sh.root.inner.lock();
         // Pages of the range already resident leave the budget's count for the pinned one.
@@ -317,6 +311,63 @@ impl Region {
         inner.pinned.push((first, last));
         inner.nursery.retain(|&p| !(first..last).contains(&p));
         Ok(())
+    }
+
+    /// The page range of `[offset, offset + len)` (bytes from the start, widened to whole
+    /// pages), checked against the region.
+    fn page_range(&self, what: &str, offset: usize, len: usize) -> Result<(u32, u32), RegionError> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.len)
+            .ok_or_else(|| {
+                RegionError::Config(format!(
+                    "{what} range {offset}+{len} is outside the region of {} bytes",
+                    self.len
+                ))
+            })?;
+        Ok(((offset / PAGE) as u32, end.div_ceil(PAGE) as u32))
+    }
+
+    /// The program dropped the whole pages inside `[offset, offset + len)` (it unmapped them, or
+    /// `MADV_DONTNEED`ed them and will reuse the addresses): their compressed copies are
+    /// discarded and they read as zeros from now on. The kernel's REMOVE event says the same
+    /// later; doing it here, on the caller's thread, means the range can be handed out again at
+    /// once without a fault finding an old copy. Call it after the pages were zapped. Does
+    /// nothing in a forked child (its pages are the parent's snapshot).
+    pub fn discard(&self, offset: usize, len: usize) -> Result<(), RegionError> {
+        self.page_range("discard", offset, len)?;
+        if !self.in_creator() {
+            return Ok(());
+        }
+        let sh = self.shared();
+        // Only whole pages: on_remove narrows a partial page at either end away.
+        sh.on_remove(
+            &sh.root,
+            self.base + offset,
+            self.base + offset + len,
+            false,
+        );
+        Ok(())
+    }
+
+    /// Pages of `[offset, offset + len)` that the kernel refused to move out (their protection
+    /// or locking differed, `RegionStats::held`) are counted and evictable again: call it when
+    /// the program makes them plain writable memory again. Returns how many came back.
+    pub fn release_held(&self, offset: usize, len: usize) -> Result<usize, RegionError> {
+        let (first, last) = self.page_range("release", offset, len)?;
+        if !self.in_creator() {
+            return Ok(0);
+        }
+        let mut inner = self.shared().root.inner.lock();
+        if inner.held.is_empty() {
+            return Ok(0);
+        }
+        let n = inner.release_held(first, last);
+        drop(inner);
+        if n > 0 {
+            self.shared().kick_evictor();
+        }
+        Ok(n)
     }
 
     /// Current budget in bytes.

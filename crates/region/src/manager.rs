@@ -67,6 +67,10 @@ pub(crate) struct SpaceInner {
     /// counted against the budget they left a small budget no room for data (at 4M and the
     /// default 94G heap the program thrashed at millions of faults).
     pub pinned_resident: usize,
+    /// Resident pages the kernel refuses to move out (UFFDIO_MOVE: EINVAL, because the program
+    /// changed their protection or locked them). Outside `resident` and the policy, like pinned
+    /// pages, until `Region::release_held` (the program made them writable again) or a discard.
+    pub held: std::collections::HashSet<u32>,
 }
 
 /// Pages just faulted in are held back from the policy this long (in faults): the faulting
@@ -87,6 +91,7 @@ impl SpaceInner {
             nursery: Default::default(),
             pinned: Vec::new(),
             pinned_resident: 0,
+            held: Default::default(),
         }
     }
 
@@ -122,6 +127,9 @@ impl SpaceInner {
             self.pinned_resident -= 1;
             return;
         }
+        if !self.held.is_empty() && self.held.remove(&page) {
+            return;
+        }
         self.resident -= 1;
         if let Some(t) = self.tracker.as_mut() {
             t.remove(page);
@@ -146,6 +154,29 @@ impl SpaceInner {
         if self.state.get(i) != to {
             self.state.set(i, to);
         }
+    }
+
+    /// A page the kernel would not move out stays resident outside the budget (see `held`).
+    pub fn hold(&mut self, page: u32) {
+        self.held.insert(page);
+    }
+
+    /// Held pages in `[first, last)` are counted and evictable again.
+    pub fn release_held(&mut self, first: u32, last: u32) -> usize {
+        let back: Vec<u32> = self
+            .held
+            .iter()
+            .copied()
+            .filter(|p| (first..last).contains(p))
+            .collect();
+        for &p in &back {
+            self.held.remove(&p);
+            self.resident += 1;
+            if let Some(t) = self.tracker.as_mut() {
+                t.insert_quiet(p);
+            }
+        }
+        back.len()
     }
 
     /// Hands every waiting page to the policy (when nothing else is left to evict).
@@ -239,6 +270,8 @@ pub(crate) struct Shared {
     pub forking: AtomicBool,
     /// The store refused a page since the last one it took (warned once per episode).
     pub store_full: AtomicBool,
+    /// Whether the first page held back (UFFDIO_MOVE: EINVAL) was logged.
+    pub held_warned: AtomicBool,
     /// When it last refused one (`evict::now_ms`): eviction pauses for
     /// `evict::FULL_BACKOFF_MS` after.
     pub store_full_ms: AtomicU64,

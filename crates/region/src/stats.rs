@@ -26,6 +26,10 @@ pub struct RegionStats {
     /// Bytes of pinned pages mapped now (see `Region::pin`): in DRAM, outside the budget.
     #[serde(default)]
     pub pinned: u64,
+    /// Bytes of pages that cannot be moved out (the program made them read-only, executable,
+    /// inaccessible or mlocked): in DRAM, outside the budget, until it makes them writable.
+    #[serde(default)]
+    pub held: u64,
     /// Bytes of evicted pages waiting in staging for compression.
     pub staged: u64,
     /// Faults on evicted pages (decompressed from the store).

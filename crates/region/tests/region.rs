@@ -282,6 +282,89 @@ fn pinned_pages_stay_resident_outside_the_budget() {
 }
 
 #[test]
+fn pages_the_kernel_cannot_move_are_held_then_released() {
+    // The kernel moves a page only between areas of the same protection: read-only pages of
+    // the program cannot leave. They must stay correct, sit outside the budget (so data still
+    // gets all of it) and come back under it once the program makes them writable again.
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let ro_pages = 128;
+    let pages = r.len() / PAGE;
+    for i in 0..ro_pages {
+        fill(page_mut(&r, i), i, 1);
+    }
+    // SAFETY: a range of the region, which lives until the end of the test.
+    let protect = |prot| unsafe {
+        assert_eq!(libc::mprotect(r.as_ptr().cast(), ro_pages * PAGE, prot), 0);
+    };
+    protect(libc::PROT_READ);
+    for round in 1..=2u64 {
+        for i in ro_pages..pages {
+            fill(page_mut(&r, i), i, round);
+        }
+        for i in ro_pages..pages {
+            check(page_mut(&r, i), i, round);
+        }
+    }
+    let s = r.stats();
+    assert!(s.held > 0, "no read-only page was held: {s:?}");
+    assert!(s.resident - s.held - s.pinned <= s.budget, "{s:?}");
+    for i in 0..ro_pages {
+        check(page_mut(&r, i), i, 1);
+    }
+    // Writable again: released, then evicted like any page.
+    protect(libc::PROT_READ | libc::PROT_WRITE);
+    let released = r.release_held(0, ro_pages * PAGE).unwrap();
+    assert_eq!(released as u64 * PAGE as u64, s.held);
+    for i in ro_pages..pages {
+        check(page_mut(&r, i), i, 2);
+    }
+    let s = r.stats();
+    assert_eq!(s.held, 0, "{s:?}");
+    for i in 0..ro_pages {
+        check(page_mut(&r, i), i, 1);
+    }
+    assert!(r.release_held(r.len(), PAGE).is_err(), "outside the region");
+}
+
+#[test]
+fn discard_forgets_evicted_pages_at_once() {
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    fill_and_check_all(&r, 3);
+    let before = r.stats();
+    assert!(before.store.orig_data_size > 8 * MIB, "{:?}", before.store);
+    // Drop the first half as munmap does in the preload library: zap, then discard.
+    let half = pages / 2 * PAGE;
+    // SAFETY: a range of the region.
+    assert_eq!(
+        unsafe { libc::madvise(r.as_ptr().cast(), half, libc::MADV_DONTNEED) },
+        0
+    );
+    r.discard(0, half).unwrap();
+    let after = r.stats();
+    assert!(
+        after.store.orig_data_size <= before.store.orig_data_size - half as u64 + MIB,
+        "the store still holds the dropped half: {:?} -> {:?}",
+        before.store,
+        after.store
+    );
+    for i in 0..pages / 2 {
+        assert!(page_mut(&r, i).iter().all(|&b| b == 0), "page {i} not zero");
+    }
+    for i in pages / 2..pages {
+        check(page_mut(&r, i), i, 3);
+    }
+    assert!(
+        r.discard(r.len() - PAGE, 2 * PAGE).is_err(),
+        "outside the region"
+    );
+}
+
+#[test]
 fn set_budget_shrinks_and_grows() {
     let Some(r) = region(32 * MIB, 16 * MIB) else {
         return;
