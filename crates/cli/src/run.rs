@@ -41,6 +41,13 @@ pub struct RunArgs {
     /// memory; untouched parts cost nothing).
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
+    /// Address space for the program's own anonymous mappings (mmap: pymalloc's arenas, a JVM's
+    /// or V8's heap), tiered like the heap (default: as large as the heap).
+    #[arg(long, value_parser = parse_size, conflicts_with = "heap_only")]
+    pub maps: Option<u64>,
+    /// Tier the malloc heap only: the program's own mmap'd memory stays with the kernel.
+    #[arg(long)]
+    pub heap_only: bool,
     /// DRAM the compressed pages may use (like zram's mem_limit); default unlimited.
     #[arg(long, value_parser = parse_size)]
     pub store_limit: Option<u64>,
@@ -176,6 +183,7 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
     Ok(RunConfig {
         resident,
         size: a.size,
+        maps: if a.heap_only { Some(0) } else { a.maps },
         store_limit: a.store_limit,
         policy,
         eviction: match a.eviction {

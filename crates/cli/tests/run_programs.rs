@@ -707,6 +707,136 @@ fn hostile_program_at_a_tiny_budget() {
     assert!(num(z, "major_faults") < 500_000, "thrashing: {z}");
 }
 
+/// Issue 10, "all anonymous memory": a program that manages its own memory with mmap (many
+/// mappings, munmap, mremap that shrinks, grows and moves, a reserve-then-commit heap with
+/// MAP_FIXED, MAP_FIXED_NOREPLACE, mprotect, MADV_DONTNEED/FREE, a file mapped over anonymous
+/// memory, fork, a use after munmap that must fault) gives a plain run's output exactly while
+/// its 64 MiB pass through a 4M budget; with --heap-only the same program is left alone.
+#[test]
+fn programs_own_mappings_are_tiered() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("maps", dir.path(), &[]);
+    let args = ["64", "7"];
+    let plain = Command::new(&prog).args(args).output().unwrap();
+    assert!(plain.status.success(), "plain run: {plain:?}");
+    let want = String::from_utf8_lossy(&plain.stdout).into_owned();
+    assert!(want.ends_with("ALL OK\n"), "{want}");
+    for heap_only in [false, true] {
+        let stats = dir.path().join(format!("stats-{heap_only}.json"));
+        let mut cmd = zmem_cmd(&["run", "--resident", "4M", "--stats"]);
+        cmd.arg(&stats);
+        if heap_only {
+            cmd.arg("--heap-only");
+        }
+        cmd.arg("--").arg(&prog).args(args);
+        let out = run_to_end(cmd, dir.path(), "maps", Duration::from_secs(180));
+        assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, tail(&out.stderr));
+        assert_eq!(out.stdout, want, "output differs from the plain run");
+        let z = &read_json(&stats)["zmem"];
+        let maps = &z["maps"];
+        if heap_only {
+            assert_eq!(maps["space"], 0, "{z}");
+            assert!(
+                num(z, "evictions") * (PAGE as u64) < 16 * MIB,
+                "the mappings were tiered with --heap-only: {z}"
+            );
+        } else {
+            assert!(maps["served"].as_u64().unwrap() >= 57, "{z}");
+            // The file page mapped over anonymous memory is the kernel's for good.
+            assert!(maps["foreign"].as_u64().unwrap() >= PAGE as u64, "{z}");
+            assert!(
+                num(z, "evictions") * (PAGE as u64) >= 60 * MIB,
+                "the mappings' data did not leave DRAM: {z}"
+            );
+            assert!(num(z, "major_faults") > 1000, "{z}");
+        }
+    }
+}
+
+/// Programs with allocators of their own: Python's pymalloc (no PYTHONMALLOC=malloc), node's
+/// V8 and a JVM keep their data in memory they mmap themselves. Under a small budget their
+/// output equals a plain run's and their data is compressed (evictions far beyond what their
+/// malloc heap holds, mappings served from the map space).
+#[test]
+fn python_node_and_java_have_their_data_compressed() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let java_src = dir.path().join("Hold.java");
+    std::fs::write(
+        &java_src,
+        "public class Hold { public static void main(String[] a) { \
+         java.util.List<long[]> l = new java.util.ArrayList<>(); long s = 0; \
+         for (int i = 0; i < 3000; i++) { long[] x = new long[8192]; \
+         for (int j = 0; j < x.length; j++) x[j] = (j % 64) * i; l.add(x); } \
+         for (long[] x : l) s += x[x.length - 1]; System.out.println(l.size() + \" \" + s); } }",
+    )
+    .unwrap();
+    let python = "d = {i: str(i) * 10 for i in range(400000)}\nprint(len(d), sum(len(v) for v in d.values()))";
+    let node = "let a = []; for (let i = 0; i < 400000; i++) a.push({i, s: 'x' + i}); \
+                let s = 0; for (const o of a) s += o.s.length; console.log(a.length, s)";
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        ("python3", vec!["-c".into(), python.into()], "16M"),
+        ("node", vec!["-e".into(), node.into()], "32M"),
+        (
+            "java",
+            vec!["-Xmx1g".into(), java_src.display().to_string()],
+            "64M",
+        ),
+    ];
+    let mut ran = 0;
+    for (bin, args, budget) in cases {
+        let Some(path) = installed(bin) else {
+            eprintln!("skipping {bin}: not installed");
+            continue;
+        };
+        let plain = Command::new(&path)
+            .args(&args)
+            .env_remove("PYTHONMALLOC")
+            .output()
+            .unwrap();
+        assert!(plain.status.success(), "plain {bin}: {plain:?}");
+        let stats = dir.path().join(format!("{bin}.json"));
+        let mut cmd = zmem_cmd(&["run", "--resident", budget, "--stats"]);
+        cmd.arg(&stats).arg("--").arg(&path).args(&args);
+        cmd.env_remove("PYTHONMALLOC");
+        let out = run_to_end(cmd, dir.path(), bin, Duration::from_secs(300));
+        assert_eq!(out.code, Some(0), "{bin}: {}", tail(&out.stderr));
+        assert_eq!(
+            out.stdout,
+            String::from_utf8_lossy(&plain.stdout),
+            "{bin}: output differs from the plain run"
+        );
+        let report = read_json(&stats);
+        // The program itself (a launcher script may have exec'd it: its own report counts).
+        let z = std::iter::once(&report["zmem"])
+            .chain(report["others"].as_array().into_iter().flatten())
+            .max_by_key(|z| num(z, "evictions"))
+            .unwrap();
+        assert!(z["maps"]["served"].as_u64().unwrap() > 0, "{bin}: {z}");
+        assert!(
+            num(z, "evictions") * (PAGE as u64) >= 32 * MIB,
+            "{bin}: its data did not leave DRAM: {z}"
+        );
+        eprintln!(
+            "{bin} at {budget}: {} mappings served, {} evictions, {} major faults",
+            z["maps"]["served"],
+            num(z, "evictions"),
+            num(z, "major_faults")
+        );
+        ran += 1;
+    }
+    if ran == 0 {
+        eprintln!("skipping: none of python3, node, java is installed");
+    }
+}
+
 /// `zmem run` becomes the program: a signal sent to the pid it was started as reaches the
 /// program at once and ends it by that signal (a harness stopping its server with SIGINT waited
 /// 5 s for each when zmem ignored it), and nothing is left behind.

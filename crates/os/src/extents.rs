@@ -16,8 +16,11 @@ pub struct Extents {
 }
 
 impl Extents {
-    pub fn new() -> Extents {
-        Extents::default()
+    pub const fn new() -> Extents {
+        Extents {
+            map: BTreeMap::new(),
+            total: 0,
+        }
     }
 
     /// Bytes covered.

@@ -21,6 +21,7 @@ mod fds;
 mod heap;
 mod jemalloc;
 mod logging;
+mod maps;
 mod mi;
 mod runtime;
 mod server;
@@ -209,4 +210,76 @@ pub unsafe extern "C" fn malloc_trim(_pad: usize) -> i32 {
         mi::mi_collect(true);
     }
     1
+}
+
+// The program's own mappings (maps.rs): private anonymous ones are served from the region's
+// map space; everything else goes to the kernel as before.
+
+/// # Safety
+/// C's mmap.
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    fd: i32,
+    off: libc::off_t,
+) -> *mut c_void {
+    maps::mmap(addr, len, prot, flags, fd, off)
+}
+
+/// # Safety
+/// glibc's mmap64 (the same call on 64-bit systems).
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    fd: i32,
+    off: libc::off_t,
+) -> *mut c_void {
+    maps::mmap(addr, len, prot, flags, fd, off)
+}
+
+/// # Safety
+/// C's munmap.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
+    maps::munmap(addr, len)
+}
+
+/// # Safety
+/// Linux's mremap. It is variadic in C (`new_address` only with `MREMAP_FIXED`); on the 64-bit
+/// ABIs Linux runs on, a fifth integer argument travels in the same register either way, and
+/// it is read only when the flag says it was passed.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: usize,
+    new_len: usize,
+    flags: i32,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    let new_addr = if flags & libc::MREMAP_FIXED != 0 {
+        new_addr
+    } else {
+        std::ptr::null_mut()
+    };
+    maps::mremap(old, old_len, new_len, flags, new_addr)
+}
+
+/// # Safety
+/// C's madvise.
+#[no_mangle]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
+    maps::madvise(addr, len, advice)
+}
+
+/// # Safety
+/// C's mprotect.
+#[no_mangle]
+pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: i32) -> i32 {
+    maps::mprotect(addr, len, prot)
 }

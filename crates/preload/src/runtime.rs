@@ -119,7 +119,14 @@ fn init() -> Result<(), InitError> {
         )));
     }
     // Room to align the arenas to mimalloc's 64 KiB slices.
-    let size = size + heap::SLICE as u64;
+    let heap_part = (size + heap::SLICE as u64).next_multiple_of(zmem_os::PAGE_SIZE as u64);
+    // The program's own anonymous mappings get a space as large as the heap after it, in the
+    // same region (maps.rs), unless --heap-only (0).
+    let maps_len = config
+        .maps
+        .unwrap_or(size)
+        .next_multiple_of(zmem_os::PAGE_SIZE as u64);
+    let size = heap_part + maps_len;
     let budget = match config.resident {
         Some(r) => Budget::Fixed(r),
         // Between 16 MiB and all of the machine's memory, as pressure allows.
@@ -137,7 +144,7 @@ fn init() -> Result<(), InitError> {
     let region = Region::new(rc).map_err(|e| fail(e.to_string()))?;
     // SAFETY: the region's memory lives as long as the process (RUNTIME is never dropped).
     let (heap_start, heap_len) =
-        match unsafe { heap::add_region(region.as_ptr() as usize, region.len()) } {
+        match unsafe { heap::add_region(region.as_ptr() as usize, heap_part as usize) } {
             Ok(x) => x,
             Err(e) => {
                 // Arenas already handed to mimalloc must stay mapped and served.
@@ -177,6 +184,9 @@ fn init() -> Result<(), InitError> {
     if RUNTIME.set(rt).is_err() {
         return Err(fail("zmem started twice".into()));
     }
+    // After the heap's part (mimalloc's arenas end inside it).
+    let maps_start = base + heap_part as usize;
+    crate::maps::init(maps_start, maps_start + maps_len as usize).map_err(fail)?;
     // SAFETY: registering a plain extern "C" function; glibc's on_exit (unlike atexit) passes
     // the exit status, which the run's report needs.
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
@@ -207,6 +217,7 @@ pub fn stats() -> ProcessStats {
         eviction: format!("{:?}", rt.config.eviction).to_lowercase(),
         adaptive: rt.config.resident.is_none(),
         process_cpu_ns: tv(ru.ru_utime) + tv(ru.ru_stime),
+        maps: crate::maps::stats(),
         ..ProcessStats::of_region(rt.region.stats())
     }
 }

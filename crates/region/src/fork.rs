@@ -147,7 +147,8 @@ impl Shared {
         let store = (self.store_factory)()?;
         let mut state = StateTable::new(parent.pages);
         let mut page = vec![0u8; PAGE];
-        for (i, st) in inner.state.iter().enumerate() {
+        let mut resident = 0;
+        for (i, st) in inner.state.iter_touched() {
             match st {
                 // Faulting pages still have their store entry (discarded only after mapping).
                 Stored | Faulting => {
@@ -164,14 +165,17 @@ impl Shared {
                     state.init(i, Stored);
                 }
                 // Present at fork time: the child has its own copy-on-write mapping.
-                Resident => state.init(i, Resident),
+                Resident => {
+                    state.init(i, Resident);
+                    resident += 1;
+                }
                 Absent => {} // already Absent: leave the child's untouched table pages alone
                 other => state.init(i, other),
             }
         }
         let mut inner = SpaceInner::new(state, None);
         // The child's resident pages are those present at fork (its copy-on-write mapping).
-        inner.resident = inner.state.count(Resident);
+        inner.resident = resident;
         Ok(Space {
             uffd: child_uffd,
             base: parent.base,

@@ -67,17 +67,36 @@ impl PageState {
     }
 }
 
-/// The states of every page of a space.
-pub(crate) struct StateTable(Vec<u8>);
+/// Pages per bit of the touched map: 2 MiB.
+const CHUNK: usize = 512;
+
+/// The states of every page of a space, and which 2 MiB chunks ever held a page that was not
+/// Absent: a region is mostly untouched address space (a heap of 4x the machine's memory and
+/// as much again for the program's mappings), and a fork walks only the touched chunks.
+pub(crate) struct StateTable {
+    states: Vec<u8>,
+    touched: Vec<u64>,
+}
 
 impl StateTable {
     /// `pages` pages, all Absent; the memory is touched only when a page's state is set.
     pub fn new(pages: usize) -> StateTable {
-        StateTable(vec![Absent as u8; pages])
+        StateTable {
+            states: vec![Absent as u8; pages],
+            touched: vec![0; pages.div_ceil(CHUNK).div_ceil(64)],
+        }
     }
 
     pub fn get(&self, page: usize) -> PageState {
-        PageState::from_u8(self.0[page])
+        PageState::from_u8(self.states[page])
+    }
+
+    #[inline]
+    fn mark(&mut self, page: usize, st: PageState) {
+        if st != Absent {
+            let c = page / CHUNK;
+            self.touched[c / 64] |= 1 << (c % 64);
+        }
     }
 
     /// Changes a page's state (a legal transition, see [`PageState::can_become`]).
@@ -87,19 +106,54 @@ impl StateTable {
             "page {page}: {:?} cannot become {to:?}",
             self.get(page)
         );
-        self.0[page] = to as u8;
+        self.states[page] = to as u8;
+        self.mark(page, to);
     }
 
     /// A forked child's table starts as a copy (see `Shared::snapshot`), not by transitions.
     pub fn init(&mut self, page: usize, st: PageState) {
-        self.0[page] = st as u8;
+        self.states[page] = st as u8;
+        self.mark(page, st);
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = PageState> + '_ {
-        self.0.iter().map(|&b| PageState::from_u8(b))
+    /// Every page that may not be Absent (all pages of the chunks ever touched), with its state.
+    pub fn iter_touched(&self) -> impl Iterator<Item = (usize, PageState)> + '_ {
+        let pages = self.states.len();
+        self.touched
+            .iter()
+            .enumerate()
+            .flat_map(|(w, &bits)| {
+                (0..64)
+                    .filter(move |b| bits & (1 << b) != 0)
+                    .map(move |b| w * 64 + b)
+            })
+            .flat_map(move |c| c * CHUNK..((c + 1) * CHUNK).min(pages))
+            .map(|i| (i, self.get(i)))
     }
+}
 
-    pub fn count(&self, st: PageState) -> usize {
-        self.0.iter().filter(|&&b| b == st as u8).count()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn touched_chunks_cover_every_page_that_is_not_absent() {
+        let pages = 100 * CHUNK + 7;
+        let mut t = StateTable::new(pages);
+        assert_eq!(t.iter_touched().count(), 0);
+        for p in [0, 5, CHUNK * 3 + 1, CHUNK * 64 + 2, pages - 1] {
+            t.set(p, Faulting);
+            t.set(p, Resident);
+        }
+        let seen: Vec<usize> = t
+            .iter_touched()
+            .filter(|&(_, s)| s != Absent)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(seen, vec![0, 5, CHUNK * 3 + 1, CHUNK * 64 + 2, pages - 1]);
+        // Whole chunks are walked, the last one only up to the end.
+        assert_eq!(t.iter_touched().count(), 3 * CHUNK + 7);
+        t.set(5, Absent); // a page going back to Absent keeps its chunk walked: harmless
+        assert_eq!(t.iter_touched().count(), 3 * CHUNK + 7);
     }
 }

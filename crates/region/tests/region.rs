@@ -269,12 +269,18 @@ fn pinned_pages_stay_resident_outside_the_budget() {
         data_resident >= s.budget / 2,
         "pinned pages ate the budget: {s:?}"
     );
-    // Not one pinned page was evicted: reading them faults nothing in.
-    let faults = r.stats().faults();
+    // Not one pinned page was evicted: every one is still mapped (an evicted page is not; the
+    // fault counters are no witness here, since forks by other tests of this process bring
+    // child faults to every region's handler), and each still holds its data.
+    let mut vec = vec![0u8; pinned_pages];
+    // SAFETY: a range of the region and a vector of one byte per page.
+    let rc = unsafe { libc::mincore(r.as_ptr().cast(), pinned_pages * PAGE, vec.as_mut_ptr()) };
+    assert_eq!(rc, 0);
+    let gone: Vec<usize> = (0..pinned_pages).filter(|&i| vec[i] & 1 == 0).collect();
+    assert!(gone.is_empty(), "pinned pages were evicted: {gone:?}");
     for i in 0..pinned_pages {
         check(page_mut(&r, i), i, 1);
     }
-    assert_eq!(r.stats().faults(), faults, "a pinned page was evicted");
     assert!(
         r.pin(r.len(), PAGE).is_err(),
         "a pin outside the region is refused"

@@ -26,6 +26,9 @@ pub const ENV_RESIDENT: &str = "ZMEM_RESIDENT";
 pub const ENV_ADAPTIVE: &str = "ZMEM_ADAPTIVE";
 /// Virtual size of the compressed heap (`--size`): the most the program can allocate.
 pub const ENV_SIZE: &str = "ZMEM_SIZE";
+/// Address space for the program's own anonymous mappings (mmap), tiered like the heap
+/// (`--maps`); `0` keeps them out of zmem (`--heap-only`). Unset: the heap's size.
+pub const ENV_MAPS: &str = "ZMEM_MAPS";
 /// DRAM for compressed pages (`--store-limit`, zram's mem_limit); unset = unlimited.
 pub const ENV_STORE_LIMIT: &str = "ZMEM_STORE_LIMIT";
 /// Compression policy: fast, balanced, max or auto (`--policy`).
@@ -53,10 +56,11 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 14] = [
+pub const ALL_VARS: [&str; 15] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
+    ENV_MAPS,
     ENV_STORE_LIMIT,
     ENV_POLICY,
     ENV_EVICTION,
@@ -109,6 +113,8 @@ pub struct RunConfig {
     pub resident: Option<u64>,
     /// None: [`DEFAULT_SIZE_PER_RAM`] times the machine's memory.
     pub size: Option<u64>,
+    /// None: as large as the heap; 0: the program's own mappings are left to the kernel.
+    pub maps: Option<u64>,
     pub store_limit: Option<u64>,
     pub policy: Policy,
     pub eviction: Eviction,
@@ -128,6 +134,7 @@ impl Default for RunConfig {
         RunConfig {
             resident: Some(DEFAULT_RESIDENT),
             size: None,
+            maps: None,
             store_limit: None,
             policy: Policy::Fast,
             eviction: Eviction::Clock,
@@ -170,6 +177,7 @@ impl RunConfig {
             Some(v) => return Err(invalid(ENV_ADAPTIVE, v, "expected 0 or 1")),
         }
         c.size = size(ENV_SIZE)?;
+        c.maps = size(ENV_MAPS)?;
         c.store_limit = size(ENV_STORE_LIMIT)?;
         if let Some(v) = get(ENV_POLICY) {
             c.policy = Policy::from_str(&v).map_err(|e| invalid(ENV_POLICY, &v, e))?;
@@ -231,6 +239,9 @@ impl RunConfig {
         if let Some(s) = self.size {
             v.push((ENV_SIZE, s.to_string()));
         }
+        if let Some(s) = self.maps {
+            v.push((ENV_MAPS, s.to_string()));
+        }
         if let Some(s) = self.store_limit {
             v.push((ENV_STORE_LIMIT, s.to_string()));
         }
@@ -284,12 +295,33 @@ pub struct ProcessStats {
     pub policy: String,
     pub eviction: String,
     pub adaptive: bool,
-    /// The heap's region.
+    /// The heap's region (the program's own mappings included: they are part of it).
     pub region: RegionStats,
+    /// The program's own anonymous mappings served from the region.
+    #[serde(default)]
+    pub maps: MapStats,
     /// CPU time spent compressing and decompressing (ns).
     pub codec_cpu_ns: u64,
     /// CPU time of the whole process so far (user + system, ns).
     pub process_cpu_ns: u64,
+}
+
+/// The program's own anonymous mappings (mmap) that zmem tiers: they live in a part of the
+/// region set aside for them (the map space), beside the heap.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MapStats {
+    /// Bytes of address space set aside for them (0: heap only).
+    pub space: u64,
+    /// Bytes the program has mapped there now.
+    pub mapped: u64,
+    /// Mappings served from the map space so far.
+    pub served: u64,
+    /// Anonymous private mappings left to the kernel (not tiered): stacks, MAP_32BIT, locked
+    /// or huge-page mappings, or the map space was full.
+    pub passed: u64,
+    /// Bytes of the map space the program mapped files or shared memory over (left to the
+    /// kernel, and not reused once unmapped).
+    pub foreign: u64,
 }
 
 impl ProcessStats {
@@ -326,9 +358,9 @@ impl ProcessStats {
         self.resident() + self.orig_data_size()
     }
 
-    /// Virtual size of the heap.
+    /// Virtual size of the heap (the region without the map space).
     pub fn heap_size(&self) -> u64 {
-        self.region.size
+        self.region.size.saturating_sub(self.maps.space)
     }
 
     /// Current resident budget.
@@ -521,6 +553,7 @@ mod tests {
         let c = RunConfig {
             resident: Some(64 << 20),
             size: Some(8 << 30),
+            maps: Some(0),
             store_limit: Some(100 << 20),
             policy: Policy::Balanced,
             eviction: Eviction::Fifo,
@@ -565,6 +598,7 @@ mod tests {
             (ENV_RESIDENT, "lots"),
             (ENV_ADAPTIVE, "yes"),
             (ENV_SIZE, "-1"),
+            (ENV_MAPS, "some"),
             (ENV_STORE_LIMIT, "1x"),
             (ENV_POLICY, "turbo"),
             (ENV_EVICTION, "lru"),
