@@ -238,11 +238,29 @@ unsafe extern "C" fn commit(
 ) -> bool {
     if commit {
         if SETTING_UP.load(Acquire) {
-            // An arena's metadata, committed while mi_manage_memory runs.
+            // An arena's metadata, committed while mi_manage_memory runs: pinned before it is
+            // touched, and mapped in one go (a fault per page cost ~50 ms per process start).
             let i = PIN_COUNT.fetch_add(1, AcqRel);
             if i < MAX_PINS {
                 PINS[i].0.store(start as usize, Release);
                 PINS[i].1.store(size, Release);
+            }
+            let region = SETUP_REGION.load(Acquire);
+            if !region.is_null() {
+                let r = &*region;
+                let off = start as usize - r.as_ptr() as usize;
+                // Only the start of each range is used at once (the rest as the arena fills):
+                // mapping all 16 MiB of each would show as hundreds of MiB pinned.
+                if r.pin(off, size).is_ok() {
+                    let _ = r.populate(off, size.min(POPULATE_PINNED));
+                }
+            }
+        } else if let Some(rt) = crate::runtime::runtime() {
+            // Memory the program is about to use: its first touches become the kernel's cheap
+            // copy-on-write faults, as far as the budget has room.
+            let off = (start as usize).wrapping_sub(rt.region.as_ptr() as usize);
+            if off < rt.region.len() {
+                let _ = rt.region.populate(off, size.min(POPULATE_MAX));
             }
         }
         if !is_zero.is_null() {
@@ -265,13 +283,36 @@ unsafe extern "C" fn commit(
     true
 }
 
-/// Hands `[base, base + len)` (mapped, zero) to mimalloc as the program heap's arenas, then
-/// forbids mimalloc any other memory for it. Returns the 64 KiB aligned span used.
+/// Bytes of each pinned metadata range mapped (as zero pages) at start-up: what a process
+/// touches first. Measured, /bin/true under zmem: ~1000 faults (about 50 ms) mapping nothing
+/// ahead; 569 with 512 KiB; 179 with 1 MiB (13 MiB of zero-page mappings shown as pinned); 3
+/// with 2 MiB (24 MiB shown). pyenv's python3 shim (about 20 processes): 2.0 s -> 0.7 s.
+const POPULATE_PINNED: usize = 1 << 20;
+/// At most this much of a commit or a new mapping is mapped ahead of the first touches: more
+/// fills the budget with zero pages that must then be evicted (a JVM committing 400 MB at
+/// 1G: 44,520 evictions of zero pages, 1.4 s instead of 0.2 s).
+pub const POPULATE_MAX: usize = 256 << 10;
+
+/// The region being handed to mimalloc (set only while `add_region` runs).
+static SETUP_REGION: AtomicPtr<zmem_region::Region> = AtomicPtr::new(null_mut());
+
+/// Hands the first `len` bytes of `region` (mapped, zero) to mimalloc as the program heap's
+/// arenas, then forbids mimalloc any other memory for it. Their metadata is pinned in DRAM.
+/// Returns the 64 KiB aligned span used.
 ///
 /// # Safety
-/// The range must be a live mapping owned by the caller for the rest of the process; called
-/// once.
-pub unsafe fn add_region(base: usize, len: usize) -> Result<(usize, usize), String> {
+/// The region must live for the rest of the process; called once.
+pub unsafe fn add_region(
+    region: &zmem_region::Region,
+    len: usize,
+) -> Result<(usize, usize), String> {
+    SETUP_REGION.store(region as *const _ as *mut _, Release);
+    let r = add_region_arenas(region.as_ptr() as usize, len);
+    SETUP_REGION.store(null_mut(), Release);
+    r
+}
+
+unsafe fn add_region_arenas(base: usize, len: usize) -> Result<(usize, usize), String> {
     let start = base.next_multiple_of(SLICE);
     let end = (base + len) / SLICE * SLICE;
     if end <= start + 2 * SLICE * 512 {

@@ -34,7 +34,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 use libc::off_t;
-use parking_lot::Mutex;
 use zmem_os::{Extents, PAGE_SIZE as PAGE};
 use zmem_runenv::MapStats;
 
@@ -52,10 +51,77 @@ struct Space {
     foreign: Extents,
 }
 
-static SPACE: Mutex<Space> = Mutex::new(Space {
+static SPACE: SpinLock<Space> = SpinLock::new(Space {
     free: Extents::new(),
     foreign: Extents::new(),
 });
+
+/// The map space's lock: a plain flag, because fork must be able to take it before and reset
+/// it after (in the child the holder may not exist). A parking lock keeps a queue of sleeping
+/// waiters, which a forked child inherits without their threads: measured, a bash under zmem
+/// hung in its atfork handler when the lock was handed to a waiter that only existed in the
+/// parent. Critical sections here are a few B-tree operations.
+struct SpinLock<T> {
+    locked: AtomicBool,
+    value: std::cell::UnsafeCell<T>,
+}
+
+// SAFETY: the value is reached only through a guard, which holds `locked`.
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+
+struct Guard<'a, T>(&'a SpinLock<T>);
+
+impl<T> SpinLock<T> {
+    const fn new(value: T) -> Self {
+        SpinLock {
+            locked: AtomicBool::new(false),
+            value: std::cell::UnsafeCell::new(value),
+        }
+    }
+
+    fn lock(&self) -> Guard<'_, T> {
+        let mut spins = 0u32;
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Guard(self)
+    }
+
+    /// Releases the lock whoever holds it (after fork).
+    fn reset(&self) {
+        self.locked.store(false, Release);
+    }
+}
+
+impl<T> std::ops::Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: this guard holds the lock.
+        unsafe { &*self.0.value.get() }
+    }
+}
+
+impl<T> std::ops::DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: this guard holds the lock.
+        unsafe { &mut *self.0.value.get() }
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        self.0.locked.store(false, Release);
+    }
+}
 
 static SERVED: AtomicU64 = AtomicU64::new(0);
 static PASSED: AtomicU64 = AtomicU64::new(0);
@@ -157,14 +223,14 @@ pub fn init(start: usize, end: usize) -> Result<(), String> {
     Ok(())
 }
 
-// fork with the lock held by another thread would leave the child's lock held forever.
+// fork while another thread changes the map space would copy a half-made change into the
+// child: the forking thread holds the lock across fork, and both sides release it.
 extern "C" fn fork_prepare() {
     std::mem::forget(SPACE.lock());
 }
 
 extern "C" fn fork_after() {
-    // SAFETY: locked by fork_prepare on this thread, in this process or its parent.
-    unsafe { SPACE.force_unlock() };
+    SPACE.reset();
 }
 
 /// The map space's figures for `zmem stat`.
@@ -252,7 +318,22 @@ unsafe fn map_new(hint: usize, len: usize, prot: c_int) -> Option<usize> {
         return None;
     }
     SERVED.fetch_add(1, Relaxed);
+    populate(at, len, prot);
     Some(at)
+}
+
+/// New writable memory is mapped as zero pages at once where the budget has room, so that the
+/// program's first touches are the kernel's cheap faults (see `Region::populate`).
+unsafe fn populate(at: usize, len: usize, prot: c_int) {
+    if prot & libc::PROT_WRITE == 0 {
+        return;
+    }
+    if let Some(rt) = crate::runtime::runtime() {
+        let _ = rt.region.populate(
+            at - rt.region.as_ptr() as usize,
+            len.min(heap::POPULATE_MAX),
+        );
+    }
 }
 
 /// `mmap`, `mmap64`.
@@ -352,6 +433,7 @@ unsafe fn fixed(
         return r;
     }
     SERVED.fetch_add(1, Relaxed);
+    populate(a, len, prot);
     a as *mut c_void
 }
 

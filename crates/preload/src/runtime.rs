@@ -143,15 +143,14 @@ fn init() -> Result<(), InitError> {
     zmem_os::thread::set_start_hook(heap::mark_internal);
     let region = Region::new(rc).map_err(|e| fail(e.to_string()))?;
     // SAFETY: the region's memory lives as long as the process (RUNTIME is never dropped).
-    let (heap_start, heap_len) =
-        match unsafe { heap::add_region(region.as_ptr() as usize, heap_part as usize) } {
-            Ok(x) => x,
-            Err(e) => {
-                // Arenas already handed to mimalloc must stay mapped and served.
-                std::mem::forget(region);
-                return Err(fail(e));
-            }
-        };
+    let (heap_start, heap_len) = match unsafe { heap::add_region(&region, heap_part as usize) } {
+        Ok(x) => x,
+        Err(e) => {
+            // Arenas already handed to mimalloc must stay mapped and served.
+            std::mem::forget(region);
+            return Err(fail(e));
+        }
+    };
     // SAFETY: a probe allocation on the main heap, freed at once.
     let in_region = unsafe {
         let p = crate::mi::mi_malloc(64) as usize;
@@ -165,11 +164,6 @@ fn init() -> Result<(), InitError> {
         ));
     }
     let base = region.as_ptr() as usize;
-    for (addr, bytes) in heap::pins() {
-        region
-            .pin(addr - base, bytes)
-            .map_err(|e| fail(format!("pinning the heap's metadata: {e}")))?;
-    }
     tracing::debug!(pins = ?heap::pins(), heap_start, heap_len, "program heap ready");
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() } as u32;

@@ -31,7 +31,7 @@ pub(crate) fn now_ms() -> u64 {
 
 impl Shared {
     /// Headroom the evictor keeps below the budget so faults rarely evict themselves.
-    fn low_water(&self) -> usize {
+    pub(crate) fn low_water(&self) -> usize {
         let b = self.budget();
         b.saturating_sub((b / 32).clamp(STAGING_SLOTS, 4096))
     }

@@ -335,6 +335,34 @@ fn pages_the_kernel_cannot_move_are_held_then_released() {
 }
 
 #[test]
+fn populate_maps_zero_pages_within_the_budget_and_pins_without() {
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let (mib, budget_pages) = (MIB as usize, MIB as usize / PAGE);
+    // Unpinned: only up to the evictor's low-water mark, so nothing has to leave.
+    let n = r.populate(0, 4 * mib).unwrap();
+    assert!(n > 0 && n < budget_pages, "{n} pages populated");
+    let faults = r.stats().faults();
+    for i in 0..n {
+        assert!(page_mut(&r, i).iter().all(|&b| b == 0), "page {i}");
+        fill(page_mut(&r, i), i, 1); // a write to a zero page: the kernel's own fault
+    }
+    assert_eq!(r.stats().faults(), faults, "populated pages faulted");
+    assert_eq!(r.stats().evictions, 0);
+    // Already resident: nothing more to map.
+    assert_eq!(r.populate(0, n * PAGE).unwrap(), 0);
+    // Pinned pages ignore the budget.
+    let pin_at = 8 * mib;
+    r.pin(pin_at, 2 * mib).unwrap();
+    assert_eq!(r.populate(pin_at, 2 * mib).unwrap(), 2 * mib / PAGE);
+    assert_eq!(r.stats().pinned, 2 * MIB);
+    // The data written over populated pages survives eviction like any other.
+    fill_and_check_all(&r, 2);
+    assert!(r.populate(r.len(), PAGE).is_err(), "outside the region");
+}
+
+#[test]
 fn discard_forgets_evicted_pages_at_once() {
     let Some(r) = region(16 * MIB, MIB) else {
         return;
