@@ -240,7 +240,7 @@ pub unsafe extern "C" fn mmap64(
     fd: i32,
     off: libc::off_t,
 ) -> *mut c_void {
-    maps::mmap(addr, len, prot, flags, fd, off)
+    mmap(addr, len, prot, flags, fd, off)
 }
 
 /// # Safety
