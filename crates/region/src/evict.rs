@@ -119,6 +119,14 @@ impl Shared {
                 self.counters.unshared.fetch_add(1, Relaxed);
                 r = s.uffd.move_pages(dst, src, PAGE);
             }
+            if matches!(&r, Err(e) if e.code() == libc::EEXIST) {
+                // The kernel moves only into an empty slot: something is mapped there (a page
+                // a failed recycle left behind, or a huge page over the slot). Clear the slot
+                // and try once more; the page stays resident if that fails too.
+                self.clear_staging(dst, PAGE);
+                self.counters.staging_cleared.fetch_add(1, Relaxed);
+                r = s.uffd.move_pages(dst, src, PAGE);
+            }
             match r {
                 Ok(()) => outcome[slot] = true,
                 Err(e) if e.code() == libc::ENOENT => {
@@ -324,17 +332,23 @@ impl Shared {
         }
     }
 
-    /// Frees the staging pages. Unregistered first, so the madvise sends no REMOVE event
-    /// (which would block until a handler read it: a handler may be the one evicting).
+    /// Frees the staging pages: all of them were handed on.
     fn recycle_staging(&self) {
-        let len = STAGING_SLOTS * PAGE;
+        self.clear_staging(self.staging, STAGING_SLOTS * PAGE);
+    }
+
+    /// Unmaps whatever is in `[addr, addr + len)` of the staging area. Unregistered first, so
+    /// the madvise sends no REMOVE event (which would block until a handler read it: a handler
+    /// may be the one evicting). Called with `evict_lock` held.
+    pub(crate) fn clear_staging(&self, addr: usize, len: usize) {
+        debug_assert!(addr >= self.staging && addr + len <= self.staging + STAGING_SLOTS * PAGE);
         let u = &self.root.uffd;
-        if let Err(e) = u.unregister(self.staging, len) {
+        if let Err(e) = u.unregister(addr, len) {
             tracing::error!("staging unregister: {e}");
         }
-        // SAFETY: the staging area is our own mapping; its pages were all handed on.
-        unsafe { libc::madvise(self.staging as *mut _, len, libc::MADV_DONTNEED) };
-        if let Err(e) = u.register_missing(self.staging, len) {
+        // SAFETY: the staging area is our own mapping and nothing in the range is still needed.
+        unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) };
+        if let Err(e) = u.register_missing(addr, len) {
             tracing::error!("staging register: {e}");
         }
     }
@@ -425,5 +439,50 @@ fn unshare(addr: usize) {
             std::sync::atomic::Ordering::SeqCst,
             std::sync::atomic::Ordering::Relaxed,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Budget, Region, RegionConfig, RegionError};
+
+    /// UFFDIO_MOVE answers EEXIST when the destination slot is not empty. The evictor clears
+    /// the slot and moves the page anyway: nothing is lost, nothing waits.
+    #[test]
+    fn occupied_staging_slots_are_cleared_and_pages_still_evicted() {
+        // Far above what the test touches: the evictor thread leaves these pages alone.
+        let size = 4096 * PAGE;
+        let r = match Region::new(RegionConfig::new(size as u64, Budget::Fixed(size as u64))) {
+            Ok(r) => r,
+            Err(e @ RegionError::Permission { .. }) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("creating a region: {e}"),
+        };
+        let pages = 8;
+        // SAFETY: the region is ours and at least `pages` pages long.
+        let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr(), pages * PAGE) };
+        for (i, b) in mem.iter_mut().enumerate() {
+            *b = (i / PAGE * 31 + i % 251) as u8;
+        }
+        let shared = r.shared.as_ref().unwrap();
+        // Map the zero page into every slot, as a failed recycle would leave them.
+        shared
+            .root
+            .uffd
+            .zeropage(shared.staging, STAGING_SLOTS * PAGE)
+            .unwrap();
+        let before = r.stats();
+        let evicted = shared.evict(pages);
+        assert_eq!(evicted, pages, "{:?}", r.stats());
+        let s = r.stats();
+        assert_eq!(s.staging_cleared, pages as u64, "{s:?}");
+        assert_eq!(s.evictions, pages as u64, "{s:?}");
+        assert_eq!(s.resident, before.resident - (pages * PAGE) as u64, "{s:?}");
+        for (i, b) in mem.iter().enumerate() {
+            assert_eq!(*b, (i / PAGE * 31 + i % 251) as u8, "byte {i}");
+        }
     }
 }

@@ -121,7 +121,10 @@ impl Region {
             uffd::OpenError::Unsupported(feature, why) => RegionError::Unsupported { feature, why },
         })?;
         let region = reserve(len)?;
-        let staging = reserve(STAGING_SLOTS * PAGE)?;
+        // No huge page may ever cover the staging area: UFFDIO_MOVE refuses (EEXIST) to move
+        // into a slot under one.
+        let staging = Mapping::new(STAGING_SLOTS * PAGE, MappingFlags::RESERVE_SMALL_PAGES)
+            .map_err(|source| RegionError::Os { op: "mmap", source })?;
         fd.register_missing(region.addr(), len)
             .map_err(|source| RegionError::Os {
                 op: "UFFDIO_REGISTER (region)",
@@ -281,6 +284,7 @@ impl Region {
             evictions: c.evictions.load(Relaxed),
             direct_evictions: c.direct_evictions.load(Relaxed),
             unshared: c.unshared.load(Relaxed),
+            staging_cleared: c.staging_cleared.load(Relaxed),
             forks: c.forks.load(Relaxed),
             store_refused: c.store_refused.load(Relaxed),
             fault_latency,

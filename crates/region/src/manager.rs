@@ -240,6 +240,7 @@ pub(crate) struct Counters {
     pub evictions: AtomicU64,
     pub direct_evictions: AtomicU64,
     pub unshared: AtomicU64,
+    pub staging_cleared: AtomicU64,
     pub forks: AtomicU64,
     pub staged_now: AtomicUsize,
     /// Evicted pages the store refused (its memory limit), put back resident.

@@ -46,6 +46,8 @@ pub struct RegionStats {
     pub direct_evictions: u64,
     /// Pages that were shared with a forked child and had to be unshared before moving out.
     pub unshared: u64,
+    /// Staging slots found occupied (UFFDIO_MOVE: EEXIST) and cleared before moving a page in.
+    pub staging_cleared: u64,
     pub forks: u64,
     /// Evicted pages the store refused because it was full (they stayed resident).
     pub store_refused: u64,
