@@ -9,11 +9,13 @@ pub mod errno;
 pub mod extents;
 pub mod fds;
 pub mod mapping;
+pub mod spin;
 pub mod thread;
 
 pub use errno::Errno;
 pub use extents::Extents;
 pub use mapping::{Mapping, MappingFlags};
+pub use spin::SpinLock;
 
 /// The page size zmem compresses, stores and faults in: the base page of x86-64 and of the
 /// default arm64 kernels. Regions refuse to start where the kernel's page size differs (the

@@ -34,7 +34,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 use libc::off_t;
-use zmem_os::{Extents, PAGE_SIZE as PAGE};
+use zmem_os::{Extents, SpinLock, PAGE_SIZE as PAGE};
 use zmem_runenv::MapStats;
 
 use crate::heap;
@@ -51,77 +51,12 @@ struct Space {
     foreign: Extents,
 }
 
+/// The map space's lock: a spin flag fork can hold across and reset (see zmem_os::spin; a
+/// parking lock hung bash's atfork handler). Critical sections here are a few B-tree operations.
 static SPACE: SpinLock<Space> = SpinLock::new(Space {
     free: Extents::new(),
     foreign: Extents::new(),
 });
-
-/// The map space's lock: a plain flag, because fork must be able to take it before and reset
-/// it after (in the child the holder may not exist). A parking lock keeps a queue of sleeping
-/// waiters, which a forked child inherits without their threads: measured, a bash under zmem
-/// hung in its atfork handler when the lock was handed to a waiter that only existed in the
-/// parent. Critical sections here are a few B-tree operations.
-struct SpinLock<T> {
-    locked: AtomicBool,
-    value: std::cell::UnsafeCell<T>,
-}
-
-// SAFETY: the value is reached only through a guard, which holds `locked`.
-unsafe impl<T: Send> Sync for SpinLock<T> {}
-
-struct Guard<'a, T>(&'a SpinLock<T>);
-
-impl<T> SpinLock<T> {
-    const fn new(value: T) -> Self {
-        SpinLock {
-            locked: AtomicBool::new(false),
-            value: std::cell::UnsafeCell::new(value),
-        }
-    }
-
-    fn lock(&self) -> Guard<'_, T> {
-        let mut spins = 0u32;
-        while self
-            .locked
-            .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_err()
-        {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        Guard(self)
-    }
-
-    /// Releases the lock whoever holds it (after fork).
-    fn reset(&self) {
-        self.locked.store(false, Release);
-    }
-}
-
-impl<T> std::ops::Deref for Guard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        // SAFETY: this guard holds the lock.
-        unsafe { &*self.0.value.get() }
-    }
-}
-
-impl<T> std::ops::DerefMut for Guard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: this guard holds the lock.
-        unsafe { &mut *self.0.value.get() }
-    }
-}
-
-impl<T> Drop for Guard<'_, T> {
-    fn drop(&mut self) {
-        self.0.locked.store(false, Release);
-    }
-}
 
 static SERVED: AtomicU64 = AtomicU64::new(0);
 static PASSED: AtomicU64 = AtomicU64::new(0);
@@ -226,7 +161,7 @@ pub fn init(start: usize, end: usize) -> Result<(), String> {
 // fork while another thread changes the map space would copy a half-made change into the
 // child: the forking thread holds the lock across fork, and both sides release it.
 extern "C" fn fork_prepare() {
-    std::mem::forget(SPACE.lock());
+    SPACE.hold();
 }
 
 extern "C" fn fork_after() {

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use zmem_os::Errno;
 use zmem_store::StoreError;
@@ -44,7 +44,9 @@ impl Shared {
             return self.serve_foreign(s, addr);
         };
         if s.is_root {
+            let t0 = Instant::now();
             self.make_room(1);
+            self.counters.add_ns(&self.counters.room_ns, t0);
         }
         let mut inner = s.inner.lock();
         let st = inner.state.get(idx);
@@ -120,6 +122,7 @@ impl Shared {
 
         let write = flags & uffd::PAGEFAULT_FLAG_WRITE != 0;
         let use_zero = !write && kinds.iter().all(|&k| k != Stored);
+        let t_read = Instant::now();
         if !use_zero {
             if buf.len() < run * PAGE {
                 buf.resize(run * PAGE, 0);
@@ -173,6 +176,8 @@ impl Shared {
                 }
             }
         }
+        self.counters.add_ns(&self.counters.read_ns, t_read);
+        let t_map = Instant::now();
         // Map the run in one call. If that fails part-way, go page by page so that each page's
         // outcome is known exactly (a page marked resident must really be mapped).
         let map = |at: usize, pages: usize| -> Result<(), Errno> {
@@ -223,6 +228,7 @@ impl Shared {
                 }
             }
         }
+        self.counters.add_ns(&self.counters.map_ns, t_map);
         let mut inner = s.inner.lock();
         if mapped & 1 == 0 {
             for (k, &kind) in kinds.iter().enumerate() {

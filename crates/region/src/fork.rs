@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use std::sync::Weak;
+use zmem_os::SpinLock;
 
 use crate::config::PAGE;
 use crate::error::RegionError;
@@ -20,35 +22,59 @@ use crate::state::PageState::*;
 use crate::state::StateTable;
 use crate::uffd::{self, Msg, Uffd};
 
-/// Every live region, for the fork hooks.
-static REGISTRY: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
+/// Every live region, for the fork hooks. Its lock also keeps a region's birth and death
+/// apart from fork: the kernel's fork waits until a FORK event has been read from every
+/// registered userfaultfd, and glibc holds the allocator's locks meanwhile. A region registered
+/// but whose handler is not running yet (or was just stopped, its descriptor still open) has
+/// nobody to read that event, and the thread starting (or dropping) it blocks in malloc: both
+/// wait forever (the deadlock `fork_while_threads_fault_on_two_regions` found when another
+/// test created or dropped a region during a fork). So the creator holds this lock from
+/// registration until its threads run and it is listed, the dropper from stopping the threads
+/// until the descriptor is closed, and the forking thread from its prepare hook until after the
+/// fork (a spin lock, which both processes reset, see zmem_os::spin).
+pub(crate) static REGISTRY: SpinLock<Vec<Weak<Shared>>> = SpinLock::new(Vec::new());
 static ATFORK: std::sync::Once = std::sync::Once::new();
 
 extern "C" fn atfork_prepare() {
-    for s in REGISTRY.lock().iter() {
+    let registry = REGISTRY.lock();
+    for s in registry.iter() {
         if let Some(s) = s.upgrade() {
             s.fork_gate_close();
         }
     }
+    // Kept across the fork; released by atfork_parent and atfork_child.
+    std::mem::forget(registry);
 }
 
 extern "C" fn atfork_parent() {
-    for s in REGISTRY.lock().iter() {
+    REGISTRY.reset(); // taken by atfork_prepare
+    let registry = REGISTRY.lock();
+    for s in registry.iter() {
         if let Some(s) = s.upgrade() {
             s.fork_gate_open();
         }
     }
 }
 
-/// Makes fork() park this region's threads first (see [`Shared::fork_mode`]).
-pub(crate) fn register_for_fork(shared: &Arc<Shared>) {
+extern "C" fn atfork_child() {
+    REGISTRY.reset();
+}
+
+/// Makes fork() park this region's threads first (see [`Shared::fork_mode`]). Called with
+/// the registry locked (`registry`), before the lock is released.
+pub(crate) fn register_for_fork(registry: &mut Vec<Weak<Shared>>, shared: &Arc<Shared>) {
     ATFORK.call_once(|| {
         // SAFETY: registering plain extern "C" functions with no captured state.
-        unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), None) };
+        unsafe {
+            libc::pthread_atfork(
+                Some(atfork_prepare),
+                Some(atfork_parent),
+                Some(atfork_child),
+            )
+        };
     });
-    let mut r = REGISTRY.lock();
-    r.retain(|w| w.strong_count() > 0);
-    r.push(Arc::downgrade(shared));
+    registry.retain(|w| w.strong_count() > 0);
+    registry.push(Arc::downgrade(shared));
 }
 
 impl Shared {

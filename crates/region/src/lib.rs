@@ -53,7 +53,7 @@ pub mod userfaultfd {
     pub use crate::uffd::{probe, OpenError, Opened, Probe, NEEDED, NEEDED_FEATURES};
 }
 pub use policy::Eviction;
-pub use stats::{Latency, RegionStats};
+pub use stats::{HandlerTime, Latency, RegionStats};
 
 /// A range of memory that tiers itself. Use [`Region::as_ptr`] ..`+len()` as plain memory from
 /// any thread. Dropping it stops its threads, unmaps the range and frees every compressed page.
@@ -125,16 +125,6 @@ impl Region {
         // into a slot under one.
         let staging = Mapping::new(STAGING_SLOTS * PAGE, MappingFlags::RESERVE_SMALL_PAGES)
             .map_err(|source| RegionError::Os { op: "mmap", source })?;
-        fd.register_missing(region.addr(), len)
-            .map_err(|source| RegionError::Os {
-                op: "UFFDIO_REGISTER (region)",
-                source: source.into(),
-            })?;
-        fd.register_missing(staging.addr(), STAGING_SLOTS * PAGE)
-            .map_err(|source| RegionError::Os {
-                op: "UFFDIO_REGISTER (staging)",
-                source: source.into(),
-            })?;
         let store = factory()?;
         // SAFETY: plain eventfd creation.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -147,6 +137,32 @@ impl Region {
             let e = os("eventfd");
             // SAFETY: closing the descriptor we just made.
             unsafe { libc::close(stop_fd) };
+            return Err(e);
+        }
+        // From registration until the threads run and the region is listed, no fork (see
+        // fork::REGISTRY). Released before `region_obj` could be dropped on an error below:
+        // dropping takes the lock too.
+        let mut registry = fork::REGISTRY.lock();
+        let registered = fd
+            .register_missing(region.addr(), len)
+            .map_err(|source| RegionError::Os {
+                op: "UFFDIO_REGISTER (region)",
+                source: source.into(),
+            })
+            .and_then(|()| {
+                fd.register_missing(staging.addr(), STAGING_SLOTS * PAGE)
+                    .map_err(|source| RegionError::Os {
+                        op: "UFFDIO_REGISTER (staging)",
+                        source: source.into(),
+                    })
+            });
+        if let Err(e) = registered {
+            drop(registry);
+            // SAFETY: the eventfds made above, not handed out.
+            unsafe {
+                libc::close(stop_fd);
+                libc::close(gate_fd);
+            }
             return Err(e);
         }
         let root = Space {
@@ -205,24 +221,31 @@ impl Region {
         if let Some(a) = adaptive.as_mut() {
             shared.adaptive_step(a, true);
         }
-        for i in 0..cfg.handler_threads {
+        let spawn = || -> Result<(), RegionError> {
+            for i in 0..cfg.handler_threads {
+                let s = shared.clone();
+                let h = zmem_os::thread::spawn(format!("zmem-fault-{i}"), move || s.handler_loop())
+                    .map_err(|source| RegionError::Os {
+                        op: "spawn fault handler",
+                        source,
+                    })?;
+                region_obj.threads.push(h);
+            }
             let s = shared.clone();
-            let h = zmem_os::thread::spawn(format!("zmem-fault-{i}"), move || s.handler_loop())
+            let h = zmem_os::thread::spawn("zmem-evict".into(), move || s.evictor_loop(adaptive))
                 .map_err(|source| RegionError::Os {
-                    op: "spawn fault handler",
-                    source,
-                })?;
-            region_obj.threads.push(h);
-        }
-        let s = shared.clone();
-        let h = zmem_os::thread::spawn("zmem-evict".into(), move || s.evictor_loop(adaptive))
-            .map_err(|source| RegionError::Os {
                 op: "spawn evictor",
                 source,
             })?;
-        region_obj.threads.push(h);
-        fork::register_for_fork(&shared);
-        Ok(region_obj)
+            region_obj.threads.push(h);
+            Ok(())
+        };
+        let spawned = spawn();
+        if spawned.is_ok() {
+            fork::register_for_fork(&mut registry, &shared);
+        }
+        drop(registry);
+        spawned.map(|()| region_obj)
     }
 
     /// First byte of the region.
@@ -288,6 +311,14 @@ impl Region {
             forks: c.forks.load(Relaxed),
             store_refused: c.store_refused.load(Relaxed),
             fault_latency,
+            handler_time: HandlerTime {
+                faults: c.handled_faults.load(Relaxed),
+                total_ns: c.handled_ns.load(Relaxed),
+                room_ns: c.room_ns.load(Relaxed),
+                read_ns: c.read_ns.load(Relaxed),
+                map_ns: c.map_ns.load(Relaxed),
+                idle_evict_ns: c.idle_evict_ns.load(Relaxed),
+            },
             store: sh.root.store.stats(),
         }
     }
@@ -488,6 +519,8 @@ impl Drop for Region {
             std::mem::forget(shared);
             return;
         }
+        // No fork from stopping the threads until the descriptor is closed (fork::REGISTRY).
+        let registry = fork::REGISTRY.lock();
         shared.stop.store(true, Relaxed);
         let one: u64 = 1;
         // SAFETY: writing 8 bytes to our eventfd.
@@ -505,6 +538,7 @@ impl Drop for Region {
         // Closing the descriptors (last reference) wakes any thread still blocked on a fault;
         // it then finds plain anonymous memory until the range is unmapped below.
         drop(shared);
+        drop(registry);
         // SAFETY: our own mappings; parts the program already unmapped are skipped.
         unsafe {
             libc::munmap(self.staging as *mut _, STAGING_SLOTS * PAGE);

@@ -230,6 +230,13 @@ impl Space {
     }
 }
 
+impl Counters {
+    /// Adds the time since `t0` to `sum`.
+    pub fn add_ns(&self, sum: &AtomicU64, t0: Instant) {
+        sum.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+    }
+}
+
 /// Counters shared by all threads of a region.
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -242,6 +249,13 @@ pub(crate) struct Counters {
     pub unshared: AtomicU64,
     pub staging_cleared: AtomicU64,
     pub forks: AtomicU64,
+    /// HandlerTime's sums.
+    pub handled_faults: AtomicU64,
+    pub handled_ns: AtomicU64,
+    pub room_ns: AtomicU64,
+    pub read_ns: AtomicU64,
+    pub map_ns: AtomicU64,
+    pub idle_evict_ns: AtomicU64,
     pub staged_now: AtomicUsize,
     /// Evicted pages the store refused (its memory limit), put back resident.
     pub store_refused: AtomicU64,
@@ -397,7 +411,9 @@ impl Shared {
                 }
             }
             if deferred.is_empty() {
+                let t0 = Instant::now();
                 self.evict_while_idle(&mut fds);
+                self.counters.add_ns(&self.counters.idle_evict_ns, t0);
             }
         }
     }
@@ -411,6 +427,8 @@ impl Shared {
                 if let Served::Done = r {
                     let ns = t0.elapsed().as_nanos() as u64;
                     let _ = self.latency.lock().record(ns.max(1));
+                    self.counters.handled_faults.fetch_add(1, Relaxed);
+                    self.counters.handled_ns.fetch_add(ns, Relaxed);
                 }
                 r
             }

@@ -15,6 +15,25 @@ pub struct Latency {
     pub max: u64,
 }
 
+/// Where the handlers' time goes, in nanoseconds summed since creation (issue 11: the fault
+/// path's breakdown). A fault's time on the handler is `room + read + map` plus bookkeeping;
+/// what the faulting thread waits beyond that is the hand-off (its wake-up and the handler's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HandlerTime {
+    /// Handled page faults (the denominator for per-fault figures).
+    pub faults: u64,
+    /// Whole faults, from reading the message to the end of the bookkeeping.
+    pub total_ns: u64,
+    /// Evicting on the fault path because the budget was exhausted (`direct_evictions`).
+    pub room_ns: u64,
+    /// Reading the page back from the store (decompression).
+    pub read_ns: u64,
+    /// Mapping it (`UFFDIO_COPY` or `UFFDIO_ZEROPAGE`, which wakes the faulting thread).
+    pub map_ns: u64,
+    /// Evicting between faults on a handler (delays a fault only if one arrives meanwhile).
+    pub idle_evict_ns: u64,
+}
+
 /// Statistics of a region.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RegionStats {
@@ -53,6 +72,9 @@ pub struct RegionStats {
     pub store_refused: u64,
     /// Fault resolution latency.
     pub fault_latency: Latency,
+    /// The handlers' time per step of a fault.
+    #[serde(default)]
+    pub handler_time: HandlerTime,
     /// The page store under the region (zram mm_stat meanings).
     pub store: StoreStats,
 }

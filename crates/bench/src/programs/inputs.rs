@@ -148,9 +148,8 @@ pub fn prepare(p: Program, bin: &Path, dir: &Path, scale: f64) -> anyhow::Result
             let f = file("dicts.py");
             std::fs::write(&f, PYTHON_SCRIPT)
                 .with_context(|| format!("writing {}", f.display()))?;
-            // pymalloc takes its arenas with mmap, outside any malloc heap: every side uses
-            // malloc, so that zmem holds python's objects.
-            env.push(("PYTHONMALLOC".into(), "malloc".into()));
+            // python's own allocator (pymalloc): its arenas are mmap'd, which zmem serves from
+            // the map space like the heap.
             env.push(("PYTHONHASHSEED".into(), "0".into()));
             env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
             (

@@ -10,8 +10,9 @@
 //! hash chains, jq's and python's many small objects, sqlite's page cache, cc1's arenas) and say
 //! whether zmem thrashes more or less than the kernel when the heap does not fit.
 //!
-//! Where the DRAM is counted: zmem's budget B covers the malloc heap only (the compressed pool and
-//! the rest of the process are outside it, like zram's memory is outside the cgroup); the
+//! Where the DRAM is counted: zmem's budget B covers the malloc heap and the program's own
+//! anonymous mappings (the map space; the compressed pool, stacks and the rest of the process
+//! are outside it, like zram's memory is outside the cgroup); the
 //! kernel's limit B covers every page the program charges (heap, stack, other anonymous memory,
 //! page cache it reads first). The inputs are written by the bench before the runs, so their page
 //! cache is charged to the bench, not to the cgroup. Both sides' peak RSS is in the JSON.
@@ -44,7 +45,7 @@ pub enum Program {
     Xz,
     /// gcc -O2 -S of a generated C file of ~350 functions.
     Gcc,
-    /// python3 building and grouping a dict of ~250k entries (PYTHONMALLOC=malloc).
+    /// python3 building and grouping a dict of ~250k entries (its own allocator, pymalloc).
     Python,
 }
 

@@ -33,7 +33,7 @@ pub(super) fn eviction_line(e: &EvictionComparison, w: &Workload) -> String {
 /// Metric rows, one column per side, then zmem/kernel ratio columns when the kernel side ran.
 pub fn side_table(results: &[SideResult], w: &Workload) -> String {
     type Metric = (&'static str, fn(&SideResult) -> Option<f64>, usize);
-    let metrics: [Metric; 17] = [
+    let metrics: [Metric; 23] = [
         (
             "time/access us (wall x threads)",
             |r| Some(r.run.ns_per_access / 1000.0),
@@ -66,6 +66,36 @@ pub fn side_table(results: &[SideResult], w: &Workload) -> String {
                     .filter(|l| l.count > 0)
                     .map(|l| l.p50_us)
             },
+            2,
+        ),
+        (
+            "handler us/fault",
+            |r| r.fault_breakdown.as_ref().map(|b| b.handler_us),
+            2,
+        ),
+        (
+            "  evict on fault us",
+            |r| r.fault_breakdown.as_ref().map(|b| b.evict_on_fault_us),
+            2,
+        ),
+        (
+            "  decompress us",
+            |r| r.fault_breakdown.as_ref().map(|b| b.decompress_us),
+            2,
+        ),
+        (
+            "  map us",
+            |r| r.fault_breakdown.as_ref().map(|b| b.map_us),
+            2,
+        ),
+        (
+            "hand-off us/fault",
+            |r| r.fault_breakdown.as_ref().and_then(|b| b.handoff_us),
+            2,
+        ),
+        (
+            "idle eviction us/fault",
+            |r| r.fault_breakdown.as_ref().map(|b| b.idle_evict_us),
             2,
         ),
         ("faults/access", |r| Some(r.faults_per_access), 4),

@@ -8,7 +8,7 @@ use zmem_region::{Budget, Region, RegionConfig, RegionStats};
 
 use super::driver::{run_workload, Driver, FaultCounter, Lat, Mem};
 use super::report::{eviction_line, plot, side_table};
-use super::side::{EvictionComparison, MemoryUse, SideResult, Skipped};
+use super::side::{EvictionComparison, FaultBreakdown, MemoryUse, SideResult, Skipped};
 use super::{EvictionArg, RegionArgs, Workload};
 use crate::corpus::{default_corpus, Corpus};
 use crate::report::{corpus_info, write_json, MachineInfo};
@@ -85,6 +85,8 @@ pub fn run_zmem(
     });
     let mut r = SideResult::new(&label, "zmem", w, m.report, faults, memory, detail);
     r.handler_fault_latency = Some(Lat::from_region(&s1.fault_latency));
+    r.fault_breakdown =
+        FaultBreakdown::new(&s0.handler_time, &s1.handler_time, r.fault_latency.mean_us);
     drop(region);
     Ok(r)
 }

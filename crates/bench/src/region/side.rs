@@ -41,6 +41,45 @@ impl MemoryUse {
     }
 }
 
+/// A fault's time, in µs per handled fault (measured phase). `handoff_us` is what the
+/// faulting thread waits beyond the handler's own work: the mean faulting access minus the
+/// handler's mean, i.e. the wake-ups of the handler and of the faulting thread.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FaultBreakdown {
+    pub faults: u64,
+    pub handler_us: f64,
+    pub evict_on_fault_us: f64,
+    pub decompress_us: f64,
+    pub map_us: f64,
+    pub handoff_us: Option<f64>,
+    /// Eviction between faults on the handler, per handled fault.
+    pub idle_evict_us: f64,
+}
+
+impl FaultBreakdown {
+    pub fn new(
+        before: &zmem_region::HandlerTime,
+        after: &zmem_region::HandlerTime,
+        fault_access_mean_us: Option<f64>,
+    ) -> Option<FaultBreakdown> {
+        let faults = after.faults.saturating_sub(before.faults);
+        if faults == 0 {
+            return None;
+        }
+        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / faults as f64 / 1000.0;
+        let handler_us = per(after.total_ns, before.total_ns);
+        Some(FaultBreakdown {
+            faults,
+            handler_us,
+            evict_on_fault_us: per(after.room_ns, before.room_ns),
+            decompress_us: per(after.read_ns, before.read_ns),
+            map_us: per(after.map_ns, before.map_ns),
+            handoff_us: fault_access_mean_us.map(|m| (m - handler_us).max(0.0)),
+            idle_evict_us: per(after.idle_evict_ns, before.idle_evict_ns),
+        })
+    }
+}
+
 /// One side of the comparison: zmem with an eviction policy, or the kernel's zram.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SideResult {
@@ -60,6 +99,9 @@ pub struct SideResult {
     pub fault_latency_source: String,
     /// zmem: the handler's fault latency (read to wake-up; whole run, fill included).
     pub handler_fault_latency: Option<Lat>,
+    /// zmem: where a fault's time goes, per handled fault over the measured phase.
+    #[serde(default)]
+    pub fault_breakdown: Option<FaultBreakdown>,
     pub memory: MemoryUse,
     /// Process CPU (user + system) over the measured phase.
     pub cpu_s: f64,
@@ -119,6 +161,7 @@ impl SideResult {
             fault_latency,
             fault_latency_source: source,
             handler_fault_latency: None,
+            fault_breakdown: None,
             memory,
             cpu_s,
             kswapd_cpu_s: run.kswapd_cpu_s,
