@@ -72,9 +72,8 @@ impl Shared {
         }
         let s = &self.root;
         let _g = self.evict_lock.lock();
-        let mut victims = Vec::with_capacity(STAGING_SLOTS);
-        {
-            let mut inner = s.inner.lock();
+        let n = {
+            let inner = s.inner.lock();
             // With blocks of evicted pages, evict at least a block's worth (a few pages below
             // the budget), so that blocks are full even when callers want one page at a time.
             let n = want.min(STAGING_SLOTS).min(inner.resident);
@@ -82,7 +81,15 @@ impl Shared {
                 return 0;
             }
             let group = self.evict_group.min(inner.resident / 4);
-            let n = n.max(group).min(STAGING_SLOTS);
+            n.max(group).min(STAGING_SLOTS)
+        };
+        let mut slots = Vec::with_capacity(STAGING_SLOTS);
+        self.slots
+            .take_empty(n, &mut slots, |addr, len| self.clear_staging(addr, len));
+        let mut victims = Vec::with_capacity(STAGING_SLOTS);
+        {
+            let mut inner = s.inner.lock();
+            let n = slots.len();
             if let Some(t) = inner.tracker.as_mut() {
                 t.pick(n, &mut victims);
             }
@@ -93,26 +100,34 @@ impl Shared {
                     t.pick(more, &mut victims);
                 }
             }
+            for &slot in &slots[victims.len()..] {
+                self.slots.put_empty(slot);
+            }
+            slots.truncate(victims.len());
             for &v in &victims {
                 debug_assert_eq!(inner.state.get(v as usize), Resident);
                 inner.state.set(v as usize, Staged);
             }
-            for (slot, &v) in victims.iter().enumerate() {
-                inner.staged.insert(v, self.staging + slot * PAGE);
+            for (k, &v) in victims.iter().enumerate() {
+                inner.staged.insert(v, self.slots.addr(slots[k]));
             }
             inner.resident -= victims.len();
+        }
+        if victims.is_empty() {
+            return 0;
         }
         self.counters.staged_now.store(victims.len(), Relaxed);
         // Move each victim out. A page still shared with a forked child (EBUSY) is unshared by
         // a locked no-op write, which makes the kernel copy it for us, then moved.
         let mut outcome = [false; STAGING_SLOTS];
+        let mut stale = [false; STAGING_SLOTS];
         let mut aborted = false;
         for (slot, &v) in victims.iter().enumerate() {
             if aborted {
                 break;
             }
             let src = s.page_addr(v as usize);
-            let dst = self.staging + slot * PAGE;
+            let dst = self.slots.addr(slots[slot]);
             let mut r = s.uffd.move_pages(dst, src, PAGE);
             if matches!(&r, Err(e) if e.code() == libc::EBUSY) {
                 unshare(src);
@@ -126,6 +141,7 @@ impl Shared {
                 self.clear_staging(dst, PAGE);
                 self.counters.staging_cleared.fetch_add(1, Relaxed);
                 r = s.uffd.move_pages(dst, src, PAGE);
+                stale[slot] = matches!(&r, Err(e) if e.code() == libc::EEXIST);
             }
             match r {
                 Ok(()) => outcome[slot] = true,
@@ -193,9 +209,9 @@ impl Shared {
         // wake-ups and context switches than it saves.
         let mut queued = [false; STAGING_SLOTS];
         let page_at = |slot: usize| -> &[u8] {
-            // SAFETY: the slot holds the page we moved there; nothing else writes it until the
-            // staging area is recycled at the end of this batch.
-            unsafe { std::slice::from_raw_parts((self.staging + slot * PAGE) as *const u8, PAGE) }
+            // SAFETY: the slot holds the page we moved there; nothing else writes it until this
+            // batch hands the slot back (Slots::put_used).
+            unsafe { std::slice::from_raw_parts(self.slots.addr(slots[slot]) as *const u8, PAGE) }
         };
         if self.evict_group > 1 {
             // Groups of `evict_group` moved pages, in victim order, each one block whatever the
@@ -236,7 +252,7 @@ impl Shared {
                     // Could not be stored: put the page back where it was.
                     let r = s.uffd.copy(
                         s.page_addr(i),
-                        (self.staging + slot * PAGE) as *const u8,
+                        self.slots.addr(slots[slot]) as *const u8,
                         PAGE,
                     );
                     inner.staged.remove(&v);
@@ -257,7 +273,14 @@ impl Shared {
             }
         }
         self.counters.staged_now.store(0, Relaxed);
-        self.recycle_staging();
+        // A moved page stays in its slot until slots run out (see slots.rs).
+        for (k, &slot) in slots.iter().enumerate() {
+            if outcome[k] || stale[k] {
+                self.slots.put_used(slot);
+            } else {
+                self.slots.put_empty(slot);
+            }
+        }
         self.counters.evictions.fetch_add(evicted as u64, Relaxed);
         evicted
     }
@@ -330,11 +353,6 @@ impl Shared {
                 store.repack_groups(self.evict_group);
             }
         }
-    }
-
-    /// Frees the staging pages: all of them were handed on.
-    fn recycle_staging(&self) {
-        self.clear_staging(self.staging, STAGING_SLOTS * PAGE);
     }
 
     /// Unmaps whatever is in `[addr, addr + len)` of the staging area. Unregistered first, so
@@ -474,6 +492,11 @@ mod tests {
             .uffd
             .zeropage(shared.staging, STAGING_SLOTS * PAGE)
             .unwrap();
+        // The handler counts a page resident just after the mapping woke this thread.
+        let t0 = Instant::now();
+        while r.stats().resident < (pages * PAGE) as u64 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
         let before = r.stats();
         let evicted = shared.evict(pages);
         assert_eq!(evicted, pages, "{:?}", r.stats());

@@ -21,6 +21,7 @@ mod fault;
 mod fork;
 mod manager;
 pub mod policy;
+mod slots;
 mod state;
 mod stats;
 mod uffd;
@@ -181,6 +182,7 @@ impl Region {
             root: Arc::new(root),
             children: Mutex::new(Vec::new()),
             staging: staging.addr(),
+            slots: slots::Slots::new(staging.addr()),
             budget_pages: AtomicUsize::new(budget_pages),
             fault_around: cfg.fault_around,
             evict_group,
@@ -300,6 +302,7 @@ impl Region {
             pinned,
             held,
             staged: c.staged_now.load(Relaxed) as u64 * PAGE as u64,
+            staging_kept: sh.slots.used() as u64 * PAGE as u64,
             major_faults: c.major_faults.load(Relaxed),
             zero_faults: c.zero_faults.load(Relaxed),
             staged_faults: c.staged_faults.load(Relaxed),

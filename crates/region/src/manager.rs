@@ -265,6 +265,8 @@ pub(crate) struct Shared {
     pub root: Arc<Space>,
     pub children: Mutex<Vec<Arc<Space>>>,
     pub staging: usize,
+    /// The staging area's slots: empty, or holding a page already compressed.
+    pub slots: crate::slots::Slots,
     pub budget_pages: AtomicUsize,
     pub fault_around: usize,
     /// Evicted pages compressed together as one block (1 = page by page).

@@ -51,6 +51,10 @@ pub struct RegionStats {
     pub held: u64,
     /// Bytes of evicted pages waiting in staging for compression.
     pub staged: u64,
+    /// Bytes of compressed pages still in staging slots, freed in bulk when the slots run out
+    /// (outside the budget, at most 64 pages).
+    #[serde(default)]
+    pub staging_kept: u64,
     /// Faults on evicted pages (decompressed from the store).
     pub major_faults: u64,
     /// Faults on pages never touched or dropped by the program (zero-filled).
@@ -89,7 +93,7 @@ impl RegionStats {
     /// pool): how much more memory the program sees than it costs.
     pub fn effective_ratio(&self) -> f64 {
         let data = self.resident + self.staged + self.store.orig_data_size;
-        let dram = self.resident + self.staged + self.store.mem_used_total;
+        let dram = self.resident + self.staged + self.staging_kept + self.store.mem_used_total;
         if dram == 0 {
             return 0.0;
         }
