@@ -42,8 +42,33 @@ where
     })
 }
 
+/// CPUs this thread may run on (its affinity mask); 1 if the kernel will not say. No file is
+/// read and nothing is allocated (unlike `std::thread::available_parallelism`), so it is safe
+/// while a program's start-up is still being prepared.
+pub fn cpus_available() -> usize {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid for its size.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if r != 0 {
+        return 1;
+    }
+    // SAFETY: a set the kernel filled.
+    (unsafe { libc::CPU_COUNT(&set) } as usize).max(1)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cpus_available_agrees_with_std() {
+        let n = super::cpus_available();
+        assert!(n >= 1);
+        if let Ok(std_n) = std::thread::available_parallelism() {
+            // std also applies cgroup quotas, which can only lower its figure.
+            assert!(std_n.get() <= n, "std {std_n} > affinity {n}");
+        }
+    }
+
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     static RAN: AtomicUsize = AtomicUsize::new(0);

@@ -119,6 +119,7 @@ impl Shared {
         self.counters.staged_now.store(victims.len(), Relaxed);
         // Move each victim out. A page still shared with a forked child (EBUSY) is unshared by
         // a locked no-op write, which makes the kernel copy it for us, then moved.
+        let t_move = Instant::now();
         let mut outcome = [false; STAGING_SLOTS];
         let mut stale = [false; STAGING_SLOTS];
         let mut aborted = false;
@@ -204,6 +205,10 @@ impl Shared {
                 }
             }
         }
+        self.counters.add_ns(&self.counters.evict_move_ns, t_move);
+        let moved = outcome.iter().filter(|&&o| o).count();
+        self.counters.evict_moved.fetch_add(moved as u64, Relaxed);
+        let t_store = Instant::now();
         // Compress the moved pages into the store, then settle their states. Compressed here,
         // on this thread: on two cores a hand-off to the engine's workers costs more in
         // wake-ups and context switches than it saves.
@@ -236,6 +241,7 @@ impl Shared {
                 }
             }
         }
+        self.counters.add_ns(&self.counters.evict_store_ns, t_store);
         let mut evicted = 0;
         {
             let mut inner = s.inner.lock();

@@ -208,6 +208,11 @@ impl Region {
             parked: AtomicUsize::new(0),
             workers: cfg.handler_threads + 1,
             gate_fd,
+            spin: if zmem_os::thread::cpus_available() > 1 {
+                Duration::from_micros(cfg.handler_spin_us.into())
+            } else {
+                Duration::ZERO
+            },
         });
         let interval = adaptive.as_ref().map(|a| a.interval());
         let history = adaptive.as_ref().map(|a| a.history.clone());
@@ -321,6 +326,9 @@ impl Region {
                 read_ns: c.read_ns.load(Relaxed),
                 map_ns: c.map_ns.load(Relaxed),
                 idle_evict_ns: c.idle_evict_ns.load(Relaxed),
+                evict_move_ns: c.evict_move_ns.load(Relaxed),
+                evict_store_ns: c.evict_store_ns.load(Relaxed),
+                evict_moved: c.evict_moved.load(Relaxed),
             },
             store: sh.root.store.stats(),
         }

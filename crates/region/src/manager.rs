@@ -256,6 +256,9 @@ pub(crate) struct Counters {
     pub read_ns: AtomicU64,
     pub map_ns: AtomicU64,
     pub idle_evict_ns: AtomicU64,
+    pub evict_move_ns: AtomicU64,
+    pub evict_store_ns: AtomicU64,
+    pub evict_moved: AtomicU64,
     pub staged_now: AtomicUsize,
     /// Evicted pages the store refused (its memory limit), put back resident.
     pub store_refused: AtomicU64,
@@ -298,6 +301,9 @@ pub(crate) struct Shared {
     pub parked: AtomicUsize,
     pub workers: usize,
     pub gate_fd: i32,
+    /// How long a handler polls without sleeping while faults come fast (see
+    /// `RegionConfig::handler_spin_us`); zero where the process has one CPU.
+    pub spin: Duration,
 }
 
 /// Outcome of an attempt to resolve a fault.
@@ -330,6 +336,8 @@ impl Shared {
         let mut forks: Vec<(Arc<Space>, i32)> = Vec::with_capacity(64);
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut spaces: Vec<Arc<Space>> = Vec::new();
+        let mut last_arrival = Instant::now();
+        let mut fast_faults = false;
         while !self.stop.load(Relaxed) {
             spaces.clear();
             spaces.push(self.root.clone());
@@ -356,8 +364,30 @@ impl Shared {
                 });
             }
             let timeout = if deferred.is_empty() { 200 } else { 1 };
-            // SAFETY: fds is a valid array of pollfd of the given length.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout) };
+            let mut rc = 0;
+            if fast_faults && deferred.is_empty() {
+                // Faults come faster than the spin: stay awake for the next one (a sleeping
+                // handler costs the faulting thread a cross-CPU wake-up), yielding to any
+                // thread that wants this CPU.
+                let t = Instant::now();
+                while t.elapsed() < self.spin {
+                    // SAFETY: as below; timeout 0 never blocks.
+                    rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 0) };
+                    if rc != 0 {
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+            if rc == 0 {
+                // SAFETY: fds is a valid array of pollfd of the given length.
+                rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout) };
+            }
+            if rc > 0 && fds[2..].iter().any(|f| f.revents != 0) {
+                let now = Instant::now();
+                fast_faults = now.duration_since(last_arrival) < self.spin;
+                last_arrival = now;
+            }
             let failed = (rc < 0).then(zmem_os::Errno::last);
             if let Some(e) = failed.filter(|e| e.code() != libc::EINTR) {
                 tracing::error!("poll on userfaultfd: {e}");

@@ -32,6 +32,14 @@ pub struct HandlerTime {
     pub map_ns: u64,
     /// Evicting between faults on a handler (delays a fault only if one arrives meanwhile).
     pub idle_evict_ns: u64,
+    /// All eviction (any thread): moving pages out (`UFFDIO_MOVE`), and storing them
+    /// (compression), and how many pages were moved.
+    #[serde(default)]
+    pub evict_move_ns: u64,
+    #[serde(default)]
+    pub evict_store_ns: u64,
+    #[serde(default)]
+    pub evict_moved: u64,
 }
 
 /// Statistics of a region.

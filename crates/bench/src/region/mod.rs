@@ -167,6 +167,10 @@ pub struct RegionArgs {
     /// zmem region: fault handler threads [default: the region's].
     #[arg(long)]
     pub handler_threads: Option<usize>,
+    /// zmem region: µs a handler polls without sleeping while faults come fast (0 = always
+    /// sleep) [default: the region's, 50].
+    #[arg(long)]
+    pub handler_spin_us: Option<u32>,
     /// JSON output.
     #[arg(long, default_value = "bench-out/region.json")]
     pub json: PathBuf,

@@ -33,7 +33,7 @@ pub(super) fn eviction_line(e: &EvictionComparison, w: &Workload) -> String {
 /// Metric rows, one column per side, then zmem/kernel ratio columns when the kernel side ran.
 pub fn side_table(results: &[SideResult], w: &Workload) -> String {
     type Metric = (&'static str, fn(&SideResult) -> Option<f64>, usize);
-    let metrics: [Metric; 23] = [
+    let metrics: [Metric; 25] = [
         (
             "time/access us (wall x threads)",
             |r| Some(r.run.ns_per_access / 1000.0),
@@ -96,6 +96,24 @@ pub fn side_table(results: &[SideResult], w: &Workload) -> String {
         (
             "idle eviction us/fault",
             |r| r.fault_breakdown.as_ref().map(|b| b.idle_evict_us),
+            2,
+        ),
+        (
+            "evict: move us/page",
+            |r| {
+                r.fault_breakdown
+                    .as_ref()
+                    .and_then(|b| b.evict_move_us_per_page)
+            },
+            2,
+        ),
+        (
+            "evict: compress+store us/page",
+            |r| {
+                r.fault_breakdown
+                    .as_ref()
+                    .and_then(|b| b.evict_store_us_per_page)
+            },
             2,
         ),
         ("faults/access", |r| Some(r.faults_per_access), 4),

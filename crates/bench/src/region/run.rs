@@ -32,6 +32,9 @@ pub fn run_zmem(
     if let Some(h) = args.handler_threads {
         cfg.handler_threads = h;
     }
+    if let Some(us) = args.handler_spin_us {
+        cfg.handler_spin_us = us;
+    }
     let (fault_around, handler_threads) = (cfg.fault_around, cfg.handler_threads);
     let mut driver = Driver::new(w, corpus, &label, FaultCounter::Any);
     let region = Region::new(cfg).with_context(|| {
@@ -71,6 +74,7 @@ pub fn run_zmem(
         "eviction": eviction.as_str(),
         "fault_around": fault_around,
         "handler_threads": handler_threads,
+        "handler_spin_us": args.handler_spin_us,
         "budget": s1.budget,
         "measured_phase": {
             "major_faults": d(s1.major_faults, s0.major_faults),

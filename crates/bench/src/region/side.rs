@@ -54,6 +54,12 @@ pub struct FaultBreakdown {
     pub handoff_us: Option<f64>,
     /// Eviction between faults on the handler, per handled fault.
     pub idle_evict_us: f64,
+    /// Eviction on any thread, per page moved out: the move (`UFFDIO_MOVE`) and the store
+    /// (compression).
+    #[serde(default)]
+    pub evict_move_us_per_page: Option<f64>,
+    #[serde(default)]
+    pub evict_store_us_per_page: Option<f64>,
 }
 
 impl FaultBreakdown {
@@ -68,6 +74,10 @@ impl FaultBreakdown {
         }
         let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / faults as f64 / 1000.0;
         let handler_us = per(after.total_ns, before.total_ns);
+        let moved = after.evict_moved.saturating_sub(before.evict_moved);
+        let per_page = |a: u64, b: u64| {
+            (moved > 0).then(|| a.saturating_sub(b) as f64 / moved as f64 / 1000.0)
+        };
         Some(FaultBreakdown {
             faults,
             handler_us,
@@ -76,6 +86,8 @@ impl FaultBreakdown {
             map_us: per(after.map_ns, before.map_ns),
             handoff_us: fault_access_mean_us.map(|m| (m - handler_us).max(0.0)),
             idle_evict_us: per(after.idle_evict_ns, before.idle_evict_ns),
+            evict_move_us_per_page: per_page(after.evict_move_ns, before.evict_move_ns),
+            evict_store_us_per_page: per_page(after.evict_store_ns, before.evict_store_ns),
         })
     }
 }
