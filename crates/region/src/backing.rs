@@ -17,6 +17,12 @@ pub trait BackingStore: Send + Sync {
     /// with the region, which keeps it resident.
     fn write(&self, index: u64, page: &[u8]) -> Result<(), StoreError>;
 
+    /// Stores page `index` only if that saves memory: `Ok(false)` (nothing stored, the page keeps
+    /// its old content) when it does not compress. Stores that do not compress store it.
+    fn write_if_smaller(&self, index: u64, page: &[u8]) -> Result<bool, StoreError> {
+        self.write(index, page).map(|()| true)
+    }
+
     /// Stores pages evicted together (at most [`MAX_BLOCK_PAGES`], any indices), ideally as one
     /// unit. On an error none of them is stored; the region retries them one by one.
     fn write_group(&self, indices: &[u64], pages: &[&[u8]]) -> Result<(), StoreError> {
@@ -67,6 +73,9 @@ pub type StoreFactory = Arc<dyn Fn() -> Result<Box<dyn BackingStore>, StoreError
 impl BackingStore for PageStore {
     fn write(&self, index: u64, page: &[u8]) -> Result<(), StoreError> {
         StoreCore::write(self, index, page)
+    }
+    fn write_if_smaller(&self, index: u64, page: &[u8]) -> Result<bool, StoreError> {
+        StoreCore::write_if_smaller(self, index, page)
     }
     fn write_group(&self, indices: &[u64], pages: &[&[u8]]) -> Result<(), StoreError> {
         StoreCore::write_group(self, indices, pages)

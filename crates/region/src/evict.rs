@@ -212,7 +212,7 @@ impl Shared {
         // Compress the moved pages into the store, then settle their states. Compressed here,
         // on this thread: on two cores a hand-off to the engine's workers costs more in
         // wake-ups and context switches than it saves.
-        let mut queued = [false; STAGING_SLOTS];
+        let mut kept = [Kept::Refused; STAGING_SLOTS];
         let page_at = |slot: usize| -> &[u8] {
             // SAFETY: the slot holds the page we moved there; nothing else writes it until this
             // batch hands the slot back (Slots::put_used).
@@ -227,22 +227,23 @@ impl Shared {
                 group_slots[k] = slot;
                 k += 1;
                 if k == self.evict_group {
-                    self.store_group(&group_slots[..k], &victims, &page_at, &mut queued);
+                    self.store_group(&group_slots[..k], &victims, &page_at, &mut kept);
                     k = 0;
                 }
             }
             if k > 0 {
-                self.store_group(&group_slots[..k], &victims, &page_at, &mut queued);
+                self.store_group(&group_slots[..k], &victims, &page_at, &mut kept);
             }
         } else {
             for (slot, &v) in victims.iter().enumerate() {
                 if outcome[slot] {
-                    queued[slot] = self.store_page(v, page_at(slot));
+                    kept[slot] = self.store_page(v, page_at(slot));
                 }
             }
         }
         self.counters.add_ns(&self.counters.evict_store_ns, t_store);
         let mut evicted = 0;
+        let mut incompressible = 0;
         {
             let mut inner = s.inner.lock();
             for (slot, &v) in victims.iter().enumerate() {
@@ -250,12 +251,14 @@ impl Shared {
                     continue;
                 }
                 let i = v as usize;
-                if inner.state.get(i) == Staged && queued[slot] {
+                let stored = kept[slot] == Kept::Stored;
+                if inner.state.get(i) == Staged && stored {
                     inner.state.set(i, Stored);
                     inner.staged.remove(&v);
                     evicted += 1;
                 } else if inner.state.get(i) == Staged {
-                    // Could not be stored: put the page back where it was.
+                    // Not stored (the store is full, or the page does not compress): put the
+                    // page back where it was.
                     let r = s.uffd.copy(
                         s.page_addr(i),
                         self.slots.addr(slots[slot]) as *const u8,
@@ -264,15 +267,20 @@ impl Shared {
                     inner.staged.remove(&v);
                     if r.is_ok() {
                         inner.state.set(i, Resident);
-                        inner.resident += 1;
-                        if let Some(t) = inner.tracker.as_mut() {
-                            t.insert_quiet(v);
+                        if kept[slot] == Kept::Incompressible {
+                            inner.keep_incompressible(v);
+                            incompressible += 1;
+                        } else {
+                            inner.resident += 1;
+                            if let Some(t) = inner.tracker.as_mut() {
+                                t.insert_quiet(v);
+                            }
                         }
                     } else {
                         tracing::error!("page {i} could neither be stored nor put back");
                         inner.state.set(i, Poisoned);
                     }
-                } else if queued[slot] {
+                } else if stored {
                     // Faulted back from staging, or dropped by the program, meanwhile.
                     let _ = s.store.discard(v as u64);
                 }
@@ -288,17 +296,35 @@ impl Shared {
             }
         }
         self.counters.evictions.fetch_add(evicted as u64, Relaxed);
-        evicted
+        if incompressible > 0 {
+            self.counters
+                .incompressible_kept
+                .fetch_add(incompressible, Relaxed);
+            if !self.incompressible_said.swap(true, Relaxed) {
+                tracing::info!(
+                    "pages that do not compress stay in DRAM, outside the budget \
+                     (stored they would save nothing); see incompressible in zmem stat"
+                );
+            }
+        }
+        // Pages kept back count as evicted for the caller: they left the budget.
+        evicted + incompressible as usize
     }
 
-    /// Stores one evicted page; false if the store refused it (it is then put back).
-    fn store_page(&self, v: u32, page: &[u8]) -> bool {
-        match self.root.store.write(v as u64, page) {
-            Ok(()) => {
+    /// Stores one evicted page. A page that does not compress is not stored (it is put back
+    /// and kept resident outside the budget, see `SpaceInner::incompressible`): stored raw, it
+    /// would cost as much DRAM as it does mapped, plus a fault each time it comes back.
+    fn store_page(&self, v: u32, page: &[u8]) -> Kept {
+        match self.root.store.write_if_smaller(v as u64, page) {
+            Ok(stored) => {
                 if self.store_full.load(Relaxed) {
                     self.store_full.store(false, Relaxed);
                 }
-                true
+                if stored {
+                    Kept::Stored
+                } else {
+                    Kept::Incompressible
+                }
             }
             Err(e) => {
                 // A full store (its memory limit) is expected under pressure: say it once per
@@ -308,7 +334,7 @@ impl Shared {
                     tracing::warn!("cannot store evicted pages, they stay resident: {e}");
                 }
                 self.counters.store_refused.fetch_add(1, Relaxed);
-                false
+                Kept::Refused
             }
         }
     }
@@ -320,7 +346,7 @@ impl Shared {
         slots: &[usize],
         victims: &[u32],
         page_at: &dyn Fn(usize) -> &'a [u8],
-        queued: &mut [bool; STAGING_SLOTS],
+        kept: &mut [Kept; STAGING_SLOTS],
     ) {
         let mut indices = [0u64; MAX_BLOCK_PAGES];
         let mut pages: [&[u8]; MAX_BLOCK_PAGES] = [&[]; MAX_BLOCK_PAGES];
@@ -336,7 +362,7 @@ impl Shared {
             .is_ok()
         {
             for &slot in slots {
-                queued[slot] = true;
+                kept[slot] = Kept::Stored;
             }
             if self.store_full.load(Relaxed) {
                 self.store_full.store(false, Relaxed);
@@ -344,7 +370,7 @@ impl Shared {
             return;
         }
         for &slot in slots {
-            queued[slot] = self.store_page(victims[slot], page_at(slot));
+            kept[slot] = self.store_page(victims[slot], page_at(slot));
         }
     }
 
@@ -397,6 +423,7 @@ impl Shared {
     pub fn evictor_loop(&self, adaptive: Option<BudgetLoop>) {
         let mut adaptive = adaptive;
         let mut last_reap = Instant::now();
+        let mut last_retry = Instant::now();
         while !self.stop.load(Relaxed) {
             if self.forking.load(Acquire) {
                 self.parked.fetch_add(1, AcqRel);
@@ -434,12 +461,35 @@ impl Shared {
                 }
                 *g = false;
             }
+            if last_retry.elapsed() >= INCOMPRESSIBLE_RETRY {
+                last_retry = Instant::now();
+                let mut inner = self.root.inner.lock();
+                if !inner.incompressible.is_empty() {
+                    inner.retry_incompressible(INCOMPRESSIBLE_RETRY_PAGES);
+                }
+            }
             if last_reap.elapsed() >= Duration::from_secs(1) {
                 last_reap = Instant::now();
                 self.reap_children();
             }
         }
     }
+}
+
+/// Pages kept in DRAM because they did not compress are offered again, a few at a time, this
+/// often: the program may have written compressible data into them since. At most 256 pages
+/// per 10 s, i.e. one compression attempt per 40 ms: nothing beside the faults.
+const INCOMPRESSIBLE_RETRY: Duration = Duration::from_secs(10);
+const INCOMPRESSIBLE_RETRY_PAGES: usize = 256;
+
+/// What became of an evicted page offered to the store.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    Stored,
+    /// The store is full: the page goes back under the budget.
+    Refused,
+    /// It does not compress: the page goes back outside the budget.
+    Incompressible,
 }
 
 /// Forces the kernel to give this process its own copy of a page shared after fork: a locked

@@ -203,6 +203,7 @@ impl Region {
             forking: AtomicBool::new(false),
             store_full: AtomicBool::new(false),
             held_warned: AtomicBool::new(false),
+            incompressible_said: AtomicBool::new(false),
             store_full_ms: AtomicU64::new(0),
             enomem_streak: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
@@ -281,13 +282,14 @@ impl Region {
     pub fn stats(&self) -> RegionStats {
         let sh = self.shared();
         let c = &sh.counters;
-        let (resident, pinned, held) = {
+        let (resident, pinned, held, incompressible) = {
             let inner = sh.root.inner.lock();
             let page = PAGE as u64;
             (
                 inner.resident as u64 * page,
                 inner.pinned_resident as u64 * page,
                 inner.held.len() as u64 * page,
+                inner.incompressible.len() as u64 * page,
             )
         };
         let fault_latency = {
@@ -303,9 +305,11 @@ impl Region {
         RegionStats {
             size: self.len as u64,
             budget: sh.budget() as u64 * PAGE as u64,
-            resident: resident + pinned + held,
+            resident: resident + pinned + held + incompressible,
             pinned,
             held,
+            incompressible,
+            incompressible_kept: c.incompressible_kept.load(Relaxed),
             staged: c.staged_now.load(Relaxed) as u64 * PAGE as u64,
             staging_kept: sh.slots.used() as u64 * PAGE as u64,
             major_faults: c.major_faults.load(Relaxed),

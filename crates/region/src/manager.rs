@@ -71,6 +71,10 @@ pub(crate) struct SpaceInner {
     /// changed their protection or locked them). Outside `resident` and the policy, like pinned
     /// pages, until `Region::release_held` (the program made them writable again) or a discard.
     pub held: std::collections::HashSet<u32>,
+    /// Resident pages that did not compress when evicted (stored, they would cost as much
+    /// DRAM as mapped): outside `resident` and the policy, like held pages, until
+    /// `retry_incompressible` gives them another chance or the program drops them.
+    pub incompressible: std::collections::HashSet<u32>,
 }
 
 /// Pages just faulted in are held back from the policy this long (in faults): the faulting
@@ -92,6 +96,7 @@ impl SpaceInner {
             pinned: Vec::new(),
             pinned_resident: 0,
             held: Default::default(),
+            incompressible: Default::default(),
         }
     }
 
@@ -130,6 +135,9 @@ impl SpaceInner {
         if !self.held.is_empty() && self.held.remove(&page) {
             return;
         }
+        if !self.incompressible.is_empty() && self.incompressible.remove(&page) {
+            return;
+        }
         self.resident -= 1;
         if let Some(t) = self.tracker.as_mut() {
             t.remove(page);
@@ -159,6 +167,25 @@ impl SpaceInner {
     /// A page the kernel would not move out stays resident outside the budget (see `held`).
     pub fn hold(&mut self, page: u32) {
         self.held.insert(page);
+    }
+
+    /// A resident page that did not compress stays in DRAM outside the budget.
+    pub fn keep_incompressible(&mut self, page: u32) {
+        self.incompressible.insert(page);
+    }
+
+    /// Up to `max` pages kept back as incompressible are counted and evictable again (their
+    /// content may have changed since): how many.
+    pub fn retry_incompressible(&mut self, max: usize) -> usize {
+        let back: Vec<u32> = self.incompressible.iter().copied().take(max).collect();
+        for &p in &back {
+            self.incompressible.remove(&p);
+            self.resident += 1;
+            if let Some(t) = self.tracker.as_mut() {
+                t.insert_quiet(p);
+            }
+        }
+        back.len()
     }
 
     /// Held pages in `[first, last)` are counted and evictable again.
@@ -262,6 +289,8 @@ pub(crate) struct Counters {
     pub staged_now: AtomicUsize,
     /// Evicted pages the store refused (its memory limit), put back resident.
     pub store_refused: AtomicU64,
+    /// Evicted pages that did not compress, put back outside the budget (each time).
+    pub incompressible_kept: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -292,6 +321,8 @@ pub(crate) struct Shared {
     pub store_full: AtomicBool,
     /// Whether the first page held back (UFFDIO_MOVE: EINVAL) was logged.
     pub held_warned: AtomicBool,
+    /// Whether the first page kept back as incompressible was logged.
+    pub incompressible_said: AtomicBool,
     /// When it last refused one (`evict::now_ms`): eviction pauses for
     /// `evict::FULL_BACKOFF_MS` after.
     pub store_full_ms: AtomicU64,

@@ -48,7 +48,7 @@ pub struct RegionStats {
     pub size: u64,
     /// Current budget in bytes (changes over time with an adaptive budget).
     pub budget: u64,
-    /// Bytes mapped in the region now (`pinned` included).
+    /// Bytes mapped in the region now (`pinned`, `held` and `incompressible` included).
     pub resident: u64,
     /// Bytes of pinned pages mapped now (see `Region::pin`): in DRAM, outside the budget.
     #[serde(default)]
@@ -57,6 +57,13 @@ pub struct RegionStats {
     /// inaccessible or mlocked): in DRAM, outside the budget, until it makes them writable.
     #[serde(default)]
     pub held: u64,
+    /// Bytes of pages that did not compress when evicted: in DRAM, outside the budget (stored,
+    /// they would cost as much memory and a fault each time). Retried now and then.
+    #[serde(default)]
+    pub incompressible: u64,
+    /// Times an evicted page was put back because it did not compress.
+    #[serde(default)]
+    pub incompressible_kept: u64,
     /// Bytes of evicted pages waiting in staging for compression.
     pub staged: u64,
     /// Bytes of compressed pages still in staging slots, freed in bulk when the slots run out

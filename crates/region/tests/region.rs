@@ -233,6 +233,74 @@ fn exhausted_budget_waits_never_fails() {
     assert!(s.resident <= s.budget + 64 * PAGE as u64, "{s:?}");
 }
 
+/// Fills `page` with random bytes (no codec shrinks them), seeded by (idx, version).
+fn fill_random(page: &mut [u8], idx: usize, version: u64) {
+    let mut x = (idx as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version | 1;
+    for chunk in page.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+#[test]
+fn pages_that_do_not_compress_stay_resident_outside_the_budget() {
+    // A quarter of the pages hold random bytes: stored, they would take as much DRAM as mapped,
+    // plus a fault each time. They stay mapped, outside the budget; text pages are evicted.
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    let random = |i: usize| i % 4 == 0;
+    let mut expect = vec![0u8; PAGE];
+    for round in 1..=2u64 {
+        for i in 0..pages {
+            if random(i) {
+                fill_random(page_mut(&r, i), i, round);
+            } else {
+                fill(page_mut(&r, i), i, round);
+            }
+        }
+        for i in 0..pages {
+            if random(i) {
+                fill_random(&mut expect, i, round);
+                assert!(
+                    page_mut(&r, i) == &expect[..],
+                    "random page {i} round {round}"
+                );
+            } else {
+                check(page_mut(&r, i), i, round);
+            }
+        }
+    }
+    let s = r.stats();
+    let random_bytes = (pages / 4 * PAGE) as u64;
+    // Every random page was offered once at least, and kept (none stored raw).
+    assert!(s.incompressible_kept >= (pages / 4) as u64, "{s:?}");
+    assert!(s.incompressible > random_bytes / 2, "{s:?}");
+    assert!(s.incompressible <= random_bytes, "{s:?}");
+    assert_eq!(s.store.huge_pages, 0, "{:?}", s.store);
+    // The budget still holds for the rest, and the text pages were evicted as usual.
+    assert!(s.resident - s.incompressible <= s.budget, "{s:?}");
+    assert!(s.evictions as usize >= pages / 2, "{s:?}");
+    // Dropping a kept page forgets it.
+    let before = s.incompressible;
+    // SAFETY: page 0 (random) of our own region; its content is not needed any more.
+    assert_eq!(
+        unsafe { libc::madvise(r.as_ptr().cast(), PAGE, libc::MADV_DONTNEED) },
+        0
+    );
+    assert!(page_mut(&r, 0).iter().all(|&b| b == 0));
+    // The REMOVE event is handled on a handler thread, after madvise returns.
+    let t = Instant::now();
+    while r.stats().incompressible >= before && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let after = r.stats().incompressible;
+    assert!(after < before, "{before} -> {after}");
+}
+
 #[test]
 fn pinned_pages_stay_resident_outside_the_budget() {
     // A 1 MiB budget and 2 MiB pinned (an allocator's metadata, as the preload library pins):

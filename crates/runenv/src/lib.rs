@@ -411,6 +411,11 @@ impl ProcessStats {
         self.region.evictions
     }
 
+    /// Heap bytes in DRAM, outside the budget, because they did not compress when evicted.
+    pub fn incompressible(&self) -> u64 {
+        self.region.incompressible
+    }
+
     /// Evictions the store refused because it was full (pages stayed in DRAM).
     pub fn store_refused(&self) -> u64 {
         self.region.store_refused

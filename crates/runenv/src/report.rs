@@ -64,6 +64,14 @@ pub fn table(rows: &[&ProcessStats]) -> String {
             s.codec_cpu_ns as f64 / 1e9,
         );
     }
+    for s in rows.iter().filter(|s| s.incompressible() > 0) {
+        out += &format!(
+            "zmem: pid {}: {} does not compress: kept in DRAM, outside the budget \
+             (compressed it would save nothing)\n",
+            s.pid,
+            human(s.incompressible())
+        );
+    }
     out
 }
 

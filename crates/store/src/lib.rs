@@ -244,6 +244,9 @@ impl StoreCore {
             decompress_nanos: c.decompress_nanos.load(Ordering::Relaxed),
             recompressed_pages: c.recompressed.load(Ordering::Relaxed),
             repacked_pages: c.repacked.load(Ordering::Relaxed),
+            entropy_tries: c.entropy_tries.load(Ordering::Relaxed),
+            entropy_wins: c.entropy_wins.load(Ordering::Relaxed),
+            not_stored: c.not_stored.load(Ordering::Relaxed),
             engine: self.engine.stats(),
             pool,
         }

@@ -38,6 +38,15 @@ pub struct StoreStats {
     /// Pages moved out of sparse group blocks into new blocks
     /// ([`StoreCore::repack_groups`](crate::StoreCore::repack_groups)).
     pub repacked_pages: u64,
+    /// Pages the policy's codec could not shrink that were tried with the entropy coder, and
+    /// how many of those it shrank (stored compressed instead of raw).
+    #[serde(default)]
+    pub entropy_tries: u64,
+    #[serde(default)]
+    pub entropy_wins: u64,
+    /// Pages offered with `write_if_smaller` that would not have saved memory (not stored).
+    #[serde(default)]
+    pub not_stored: u64,
     /// Not serialised (the engine's and the pool's own types have no schema).
     #[serde(skip)]
     pub engine: EngineStats,
@@ -68,6 +77,9 @@ pub(crate) struct Counters {
     pub(crate) decompress_nanos: AtomicU64,
     pub(crate) recompressed: AtomicU64,
     pub(crate) repacked: AtomicU64,
+    pub(crate) entropy_tries: AtomicU64,
+    pub(crate) entropy_wins: AtomicU64,
+    pub(crate) not_stored: AtomicU64,
     /// Objects decoded (tests check that a block is decoded once per batch).
     pub(crate) decodes: AtomicU64,
 }

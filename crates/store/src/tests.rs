@@ -1028,3 +1028,83 @@ fn many_threads_with_groups_repacks_and_compaction() {
     s.discard_range(0, pages).unwrap();
     assert_eq!(s.stats().pool.objects, 0);
 }
+
+/// Bytes drawn at random from 16 letters: no repeats for lz4 to find, but 4 bits of entropy
+/// per byte, which zstd's entropy coder halves.
+fn skewed_random(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..PS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b"abcdefghijklmnop"[(x % 16) as usize]
+        })
+        .collect()
+}
+
+#[test]
+fn what_lz4_cannot_shrink_is_tried_with_an_entropy_coder() {
+    let s = store(4, Policy::Fast, 1);
+    let page = skewed_random(7);
+    s.write(0, &page).unwrap();
+    let st = s.stats();
+    assert_eq!((st.entropy_tries, st.entropy_wins), (1, 1));
+    assert_eq!(st.huge_pages, 0, "stored compressed, not raw");
+    assert!(
+        st.compr_data_size < 3 * PS as u64 / 4,
+        "{}",
+        st.compr_data_size
+    );
+    assert_eq!(read_page(&s, 0), page);
+    // Truly random bytes beat both codecs: stored raw after two tries.
+    s.write(1, &content(3, 9)).unwrap();
+    let st = s.stats();
+    assert_eq!(
+        (st.entropy_tries, st.entropy_wins, st.huge_pages),
+        (2, 1, 1)
+    );
+    assert_eq!(read_page(&s, 1), content(3, 9));
+    // A zstd policy does not try zstd twice.
+    let z = store(4, Policy::Balanced, 1);
+    z.write(0, &content(3, 9)).unwrap();
+    assert_eq!(z.stats().entropy_tries, 0);
+}
+
+#[test]
+fn write_if_smaller_keeps_only_pages_that_save_memory() {
+    let s = store(4, Policy::Fast, 1);
+    assert!(
+        s.write_if_smaller(0, &content(0, 1)).unwrap(),
+        "text compresses"
+    );
+    assert!(
+        s.write_if_smaller(1, &content(1, 2)).unwrap(),
+        "same-filled pages"
+    );
+    assert!(
+        s.write_if_smaller(2, &skewed_random(3)).unwrap(),
+        "entropy-coded"
+    );
+    // Random data would be stored raw: refused, and the page keeps what it held before.
+    let old = content(0, 5);
+    s.write(3, &old).unwrap();
+    let before = s.stats();
+    assert!(!s.write_if_smaller(3, &content(3, 4)).unwrap());
+    let after = s.stats();
+    assert_eq!(after.not_stored, 1);
+    assert_eq!(after.huge_pages, 0);
+    assert_eq!(after.compr_data_size, before.compr_data_size);
+    assert_eq!(read_page(&s, 3), old);
+    assert_eq!(read_page(&s, 0), content(0, 1));
+    assert_eq!(read_page(&s, 2), skewed_random(3));
+    // Bad input is refused as by write.
+    assert!(matches!(
+        s.write_if_smaller(9, &content(0, 1)),
+        Err(StoreError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        s.write_if_smaller(0, &[0u8; 100]),
+        Err(StoreError::BadLength { .. })
+    ));
+}

@@ -7,8 +7,13 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use zmem_codec::{CodecId, PAGE_SIZE};
+use zmem_codec::{Codec, CodecId, Encoded, PAGE_SIZE};
 use zmem_engine::{Completion, Job, Sink};
+
+/// The second try for a page the policy's codec stored raw: an entropy coder still saves on
+/// data without repeats but with a skewed byte distribution (text, base64, random printable
+/// values).
+const ENTROPY_CODEC: Codec = Codec::Zstd { level: 1 };
 use zmem_pool::Handle;
 
 use crate::pending::{Latch, Pending};
@@ -17,8 +22,20 @@ use crate::{Inner, StoreCore, StoreError, GROUP, MAX_BLOCK_PAGES};
 
 impl StoreCore {
     /// Writes one page, compressing it on the calling thread. On error the page keeps its old
-    /// content.
+    /// content. A page that neither the policy's codec nor the entropy coder shrinks below the
+    /// rejection ratio is stored raw.
     pub fn write(&self, index: u64, page: &[u8]) -> Result<(), StoreError> {
+        self.write_page(index, page, true).map(|_| ())
+    }
+
+    /// Like [`write`](Self::write), but a page that does not compress below the rejection
+    /// ratio (it would be stored raw: no memory saved) is not stored: `Ok(false)`, and page
+    /// `index` keeps its old content. Same-filled pages are always stored.
+    pub fn write_if_smaller(&self, index: u64, page: &[u8]) -> Result<bool, StoreError> {
+        self.write_page(index, page, false)
+    }
+
+    fn write_page(&self, index: u64, page: &[u8], keep_raw: bool) -> Result<bool, StoreError> {
         if page.len() != PAGE_SIZE {
             return Err(StoreError::BadLength {
                 len: page.len(),
@@ -30,12 +47,13 @@ impl StoreCore {
         inner.counters.writes.fetch_add(1, Ordering::Relaxed);
         if let Some(word) = zmem_codec::same_filled(page) {
             inner.install_same(index, word);
-            return Ok(());
+            return Ok(true);
         }
-        let codec = self.policy.write_codec();
-        let (obj, enc) = self
-            .engine
-            .compress_now(codec, inner.dict.as_deref(), page)?;
+        let (obj, enc) = self.compress_page(page)?;
+        if enc.codec == CodecId::Raw && !keep_raw {
+            inner.counters.not_stored.fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        }
         let handle = inner.pool.alloc(&obj)?;
         let state = State::new(OBJECT)
             .with_object(enc.codec as u8, obj.len())
@@ -45,7 +63,30 @@ impl StoreCore {
         inner.release(old, aux);
         inner.count_new(state, 1);
         slot.unlock_with(state, handle.to_raw());
-        Ok(())
+        Ok(true)
+    }
+
+    /// Compresses one page with the policy's codec; what that codec cannot shrink (lz4 finds
+    /// no repeats, e.g. random printable text) is tried once more with an entropy coder
+    /// (zstd-1) before it is given up as raw.
+    fn compress_page(&self, page: &[u8]) -> Result<(Vec<u8>, Encoded), StoreError> {
+        let inner = &self.inner;
+        let codec = self.policy.write_codec();
+        let first = self
+            .engine
+            .compress_now(codec, inner.dict.as_deref(), page)?;
+        if first.1.codec != CodecId::Raw || matches!(codec, Codec::Zstd { .. }) {
+            return Ok(first);
+        }
+        inner.counters.entropy_tries.fetch_add(1, Ordering::Relaxed);
+        let second = self
+            .engine
+            .compress_now(ENTROPY_CODEC, inner.dict.as_deref(), page)?;
+        if second.1.codec == CodecId::Raw {
+            return Ok(first);
+        }
+        inner.counters.entropy_wins.fetch_add(1, Ordering::Relaxed);
+        Ok(second)
     }
 
     /// Writes up to [`MAX_BLOCK_PAGES`] pages with any indices (distinct, in any order) as one
