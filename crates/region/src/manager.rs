@@ -180,12 +180,17 @@ impl SpaceInner {
         let back: Vec<u32> = self.incompressible.iter().copied().take(max).collect();
         for &p in &back {
             self.incompressible.remove(&p);
-            self.resident += 1;
-            if let Some(t) = self.tracker.as_mut() {
-                t.insert_quiet(p);
-            }
+            self.count_again(p);
         }
         back.len()
+    }
+
+    /// A resident page kept outside the budget is counted and evictable again.
+    fn count_again(&mut self, page: u32) {
+        self.resident += 1;
+        if let Some(t) = self.tracker.as_mut() {
+            t.insert_quiet(page);
+        }
     }
 
     /// Held pages in `[first, last)` are counted and evictable again.
@@ -198,10 +203,7 @@ impl SpaceInner {
             .collect();
         for &p in &back {
             self.held.remove(&p);
-            self.resident += 1;
-            if let Some(t) = self.tracker.as_mut() {
-                t.insert_quiet(p);
-            }
+            self.count_again(p);
         }
         back.len()
     }
