@@ -801,13 +801,7 @@ fn fork_while_threads_fault_on_two_regions() {
             // SAFETY: leaving the child without running the parent's destructors.
             unsafe { libc::_exit(code) };
         }
-        let mut status = 0;
-        // SAFETY: waiting for our child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "round {round}: {status:#x}"
-        );
+        wait_for_child(pid);
     }
     stop.store(true, Ordering::Relaxed);
     for h in hs {
@@ -857,13 +851,7 @@ fn fork_while_regions_are_created_and_dropped() {
             // SAFETY: leaving the child without running the parent's destructors.
             unsafe { libc::_exit(code) };
         }
-        let mut status = 0;
-        // SAFETY: waiting for our child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "round {round}: {status:#x}"
-        );
+        wait_for_child(pid);
     }
     stop.store(true, Ordering::Relaxed);
     let made = churn.join().unwrap();
