@@ -58,6 +58,17 @@ extern "C" fn atfork_parent() {
 
 extern "C" fn atfork_child() {
     REGISTRY.reset();
+    // The parent's descriptors are no use here: this process's region pages are served through
+    // the descriptors the parent read from its FORK events. A copy left open would keep the
+    // parent's userfaultfd alive after the parent closes it, and the parent's munmap of the
+    // region would then wait for an UNMAP event nobody reads, for as long as this process
+    // lives (found with two tests forking and dropping regions at once).
+    let registry = REGISTRY.lock();
+    for s in registry.iter() {
+        if let Some(s) = s.upgrade() {
+            s.close_in_child();
+        }
+    }
 }
 
 /// Makes fork() park this region's threads first (see [`Shared::fork_mode`]). Called with
@@ -138,6 +149,28 @@ impl Shared {
         let mut v = 0u64;
         // SAFETY: draining our eventfd (non-blocking).
         unsafe { libc::read(self.gate_fd, (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// In a forked child: closes the descriptors inherited from the parent (its userfaultfds,
+    /// its children's, the eventfds). The child never uses them (every region call that would
+    /// checks `in_creator`) and never closes them again (a child's `Region::drop` forgets it).
+    /// Async-signal-safe: raw close(2), past the preload library's protection of these numbers.
+    fn close_in_child(&self) {
+        let close = |fd: i32| {
+            zmem_os::fds::unprotect(fd);
+            // SAFETY: a descriptor this process inherited and never uses.
+            unsafe { libc::syscall(libc::SYS_close, fd) };
+        };
+        close(self.root.uffd.raw());
+        // A child snapshot is listed under this lock; a thread of the parent that held it at
+        // the fork left it locked here, and then there is nothing more to close safely.
+        if let Some(children) = self.children.try_lock() {
+            for c in children.iter() {
+                close(c.uffd.raw());
+            }
+        }
+        close(self.stop_fd);
+        close(self.gate_fd);
     }
 
     /// pthread_atfork parent: let them go.

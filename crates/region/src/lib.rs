@@ -545,35 +545,73 @@ impl Drop for Region {
             let _ = t.join();
         }
         let unmapped = shared.root.inner.lock().unmapped.clone();
+        let ours = still_mapped(self.base, self.base + self.len, unmapped);
+        // Unregistered before the munmaps below: a forked child (or one being spawned) may
+        // still hold a copy of the descriptor, and a registered range would then make munmap
+        // wait for an UNMAP event that no thread reads any more. Unregistering also wakes any
+        // thread still blocked on a fault; it then finds plain anonymous memory. An error
+        // (the program mapped something else over part of it) leaves that to the close below.
+        for &(a, b) in ours
+            .iter()
+            .chain([(self.staging, self.staging + STAGING_SLOTS * PAGE)].iter())
+        {
+            let _ = shared.root.uffd.unregister(a, b - a);
+        }
         // SAFETY: our eventfds.
         unsafe {
             libc::close(shared.stop_fd);
             libc::close(shared.gate_fd);
         }
-        // Closing the descriptors (last reference) wakes any thread still blocked on a fault;
-        // it then finds plain anonymous memory until the range is unmapped below.
+        // Closing the descriptors (last reference) releases what is left registered.
         drop(shared);
         drop(registry);
         // SAFETY: our own mappings; parts the program already unmapped are skipped.
         unsafe {
             libc::munmap(self.staging as *mut _, STAGING_SLOTS * PAGE);
-            let mut start = self.base;
-            let end = self.base + self.len;
-            let mut holes: Vec<(usize, usize)> = unmapped
-                .into_iter()
-                .map(|(a, b)| (a.max(start), b.min(end)))
-                .filter(|(a, b)| a < b)
-                .collect();
-            holes.sort_unstable();
-            for (a, b) in holes {
-                if a > start {
-                    libc::munmap(start as *mut _, a - start);
-                }
-                start = start.max(b);
-            }
-            if start < end {
-                libc::munmap(start as *mut _, end - start);
+            for (a, b) in ours {
+                libc::munmap(a as *mut _, b - a);
             }
         }
+    }
+}
+
+/// The parts of `[start, end)` outside the `holes` the program unmapped itself, ascending.
+fn still_mapped(start: usize, end: usize, holes: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    let mut holes: Vec<(usize, usize)> = holes
+        .into_iter()
+        .map(|(a, b)| (a.max(start), b.min(end)))
+        .filter(|(a, b)| a < b)
+        .collect();
+    holes.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = start;
+    for (a, b) in holes {
+        if a > at {
+            out.push((at, a));
+        }
+        at = at.max(b);
+    }
+    if at < end {
+        out.push((at, end));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::still_mapped;
+
+    #[test]
+    fn still_mapped_leaves_out_overlapping_and_outside_holes() {
+        assert_eq!(still_mapped(100, 200, vec![]), vec![(100, 200)]);
+        assert_eq!(
+            still_mapped(
+                100,
+                200,
+                vec![(150, 160), (50, 110), (155, 170), (190, 300)]
+            ),
+            vec![(110, 150), (170, 190)]
+        );
+        assert_eq!(still_mapped(100, 200, vec![(0, 1000)]), vec![]);
     }
 }

@@ -857,3 +857,58 @@ fn fork_while_regions_are_created_and_dropped() {
     let made = churn.join().unwrap();
     assert!(made > 0);
 }
+
+/// A region dropped while a forked child still lives: the child holds a copy of the region's
+/// userfaultfd (a raw fork(2) runs no atfork hook that would close it), so closing the parent's
+/// copy does not release it, and a still-registered range would make the parent's munmap wait
+/// for an UNMAP event nobody reads until the child exits (with a fork in between, forever).
+#[test]
+fn dropping_a_region_does_not_wait_for_a_live_child() {
+    for raw in [true, false] {
+        let Some(r) = region(4 * MIB, MIB) else {
+            return;
+        };
+        for i in 0..r.len() / PAGE {
+            fill(page_mut(&r, i), i, 5);
+        }
+        let mut pipe = [0i32; 2];
+        // SAFETY: a plain pipe for the child to wait on.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the child only reads the pipe and leaves (no allocation, no locks).
+        let pid = unsafe {
+            if raw {
+                libc::syscall(libc::SYS_fork) as libc::pid_t
+            } else {
+                libc::fork()
+            }
+        };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut b = 0u8;
+            // SAFETY: reading one byte into a local; then leaving without destructors.
+            unsafe {
+                libc::read(pipe[0], (&mut b as *mut u8).cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let dropper = std::thread::spawn(move || {
+            drop(r);
+            done_tx.send(()).unwrap();
+        });
+        let dropped = done_rx.recv_timeout(Duration::from_secs(30));
+        // Letting the child go also frees a drop stuck on it, so the test ends either way.
+        // SAFETY: writing one byte to our pipe, then closing both ends.
+        unsafe {
+            libc::write(pipe[1], [1u8].as_ptr().cast(), 1);
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+        }
+        wait_for_child(pid);
+        dropper.join().unwrap();
+        assert!(
+            dropped.is_ok(),
+            "dropping the region waited for the child (raw fork: {raw})"
+        );
+    }
+}
