@@ -60,6 +60,11 @@ pub struct RunArgs {
     /// Threads serving the program's page faults.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
     pub handler_threads: u8,
+    /// Never pin the thread that takes every fault, and zmem's threads, to one CPU. By default
+    /// zmem does while one thread faults (on a VM a wake-up across vCPUs costs 10-20 us) and
+    /// gives the thread its own affinity back when another thread faults or the faults stop.
+    #[arg(long)]
+    pub no_colocate: bool,
     /// Write the final statistics as JSON here.
     #[arg(long)]
     pub stats: Option<PathBuf>,
@@ -191,6 +196,7 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
             EvictionArg::Fifo => Eviction::Fifo,
         },
         handler_threads: a.handler_threads as usize,
+        colocate: !a.no_colocate,
         report_dir: Some(report_dir.to_path_buf()),
         socket_dir: std::env::var_os(zmem_runenv::ENV_SOCKET_DIR).map(PathBuf::from),
         on_error: if a.fallback {

@@ -139,6 +139,7 @@ fn init() -> Result<(), InitError> {
     rc.policy = config.policy;
     rc.eviction = config.eviction;
     rc.handler_threads = config.handler_threads;
+    rc.colocate = config.colocate;
     rc.store_limit = config.store_limit;
     zmem_os::thread::set_start_hook(heap::mark_internal);
     let region = Region::new(rc).map_err(|e| fail(e.to_string()))?;

@@ -48,6 +48,12 @@ pub struct RegionConfig {
     /// from 8.7 to 7.6 s (fewer halts and wake-ups). Never spins where the process may run on
     /// one CPU only (the spin would delay the thread it serves). At most 10000.
     pub handler_spin_us: u32,
+    /// While one thread of the program takes every fault, pin it and the region's threads to
+    /// one CPU (see the `colocate` module): on a VM, wake-ups and TLB-flush IPIs across vCPUs
+    /// cost 10–20 µs each. Only with one handler thread, where the process may use more than
+    /// one CPU; the thread's own affinity comes back when another thread faults, the faults
+    /// stop (0.5 s), or the region is dropped.
+    pub colocate: bool,
     /// Bytes of DRAM the compressed pages may use (zram's mem_limit); None = unlimited. When
     /// the store is full, pages that cannot be evicted stay resident beyond the budget.
     pub store_limit: Option<u64>,
@@ -112,6 +118,7 @@ impl RegionConfig {
             fault_around: 16,
             handler_threads: 1,
             handler_spin_us: 50,
+            colocate: true,
             store_limit: None,
             evict_group: None,
         }

@@ -424,6 +424,7 @@ impl Shared {
         let mut adaptive = adaptive;
         let mut last_reap = Instant::now();
         let mut last_retry = Instant::now();
+        self.colocation.register_ours();
         while !self.stop.load(Relaxed) {
             if self.forking.load(Acquire) {
                 self.parked.fetch_add(1, AcqRel);
@@ -439,7 +440,9 @@ impl Shared {
             let resident = self.root.inner.lock().resident;
             // Under faults the handlers evict between faults themselves; this thread takes over
             // when they are quiet (a lowered budget, an adaptive shrink) or fall behind.
-            let quiet = self.last_fault_at.lock().elapsed() > Duration::from_millis(20);
+            let since_fault = self.last_fault_at.lock().elapsed();
+            self.colocation.check_quiet(since_fault);
+            let quiet = since_fault > Duration::from_millis(20);
             let low = if quiet {
                 self.low_water()
             } else {

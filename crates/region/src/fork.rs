@@ -67,6 +67,7 @@ extern "C" fn atfork_child() {
     for s in registry.iter() {
         if let Some(s) = s.upgrade() {
             s.close_in_child();
+            s.colocation.in_child();
         }
     }
 }

@@ -13,6 +13,7 @@
 mod backing;
 pub mod budget;
 mod budget_loop;
+mod colocate;
 mod config;
 mod error;
 mod events;
@@ -214,6 +215,9 @@ impl Region {
             } else {
                 Duration::ZERO
             },
+            colocation: colocate::Colocation::new(
+                cfg.colocate && cfg.handler_threads == 1 && zmem_os::thread::cpus_available() > 1,
+            ),
         });
         let interval = adaptive.as_ref().map(|a| a.interval());
         let history = adaptive.as_ref().map(|a| a.history.clone());
@@ -322,6 +326,7 @@ impl Region {
             staging_cleared: c.staging_cleared.load(Relaxed),
             forks: c.forks.load(Relaxed),
             store_refused: c.store_refused.load(Relaxed),
+            colocations: sh.colocation.pins(),
             fault_latency,
             handler_time: HandlerTime {
                 faults: c.handled_faults.load(Relaxed),
@@ -544,6 +549,7 @@ impl Drop for Region {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        shared.colocation.release();
         let unmapped = shared.root.inner.lock().unmapped.clone();
         let ours = still_mapped(self.base, self.base + self.len, unmapped);
         // Unregistered before the munmaps below: a forked child (or one being spawned) may

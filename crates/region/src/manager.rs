@@ -337,6 +337,8 @@ pub(crate) struct Shared {
     /// How long a handler polls without sleeping while faults come fast (see
     /// `RegionConfig::handler_spin_us`); zero where the process has one CPU.
     pub spin: Duration,
+    /// The faulting thread and this region's threads on one CPU (see `colocate`).
+    pub colocation: crate::colocate::Colocation,
 }
 
 /// Outcome of an attempt to resolve a fault.
@@ -360,6 +362,7 @@ impl Shared {
     // ---------------------------------------------------------------- handler threads
 
     pub fn handler_loop(self: &Arc<Self>) {
+        self.colocation.register_ours();
         let mut buf = vec![0u8; PAGE * self.fault_around.max(1)];
         let mut msgs = [Msg::default(); 16];
         // Reserved up front: while a fork is in progress this thread must not allocate (glibc
@@ -398,7 +401,7 @@ impl Shared {
             }
             let timeout = if deferred.is_empty() { 200 } else { 1 };
             let mut rc = 0;
-            if fast_faults && deferred.is_empty() {
+            if fast_faults && deferred.is_empty() && !self.colocation.pinned() {
                 // Faults come faster than the spin: stay awake for the next one (a sleeping
                 // handler costs the faulting thread a cross-CPU wake-up), yielding to any
                 // thread that wants this CPU.
@@ -486,6 +489,10 @@ impl Shared {
     pub(crate) fn dispatch(self: &Arc<Self>, s: &Arc<Space>, m: &Msg, buf: &mut Vec<u8>) -> Served {
         match m.event {
             uffd::EVENT_PAGEFAULT => {
+                if s.is_root {
+                    // The faulting thread's id (UFFD_FEATURE_THREAD_ID), a root-space tid.
+                    self.colocation.on_fault(m.arg2 as u32 as libc::pid_t);
+                }
                 let t0 = Instant::now();
                 *self.last_fault_at.lock() = t0;
                 let r = self.serve_fault(s, m.arg1 as usize & !(PAGE - 1), m.arg0, buf);

@@ -89,6 +89,10 @@ pub struct RegionStats {
     pub forks: u64,
     /// Evicted pages the store refused because it was full (they stayed resident).
     pub store_refused: u64,
+    /// Times a thread taking every fault was pinned to one CPU with the region's threads
+    /// (`RegionConfig::colocate`).
+    #[serde(default)]
+    pub colocations: u64,
     /// Fault resolution latency.
     pub fault_latency: Latency,
     /// The handlers' time per step of a fault.

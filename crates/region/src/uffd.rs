@@ -30,6 +30,7 @@ pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
 pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 pub const FEATURE_POISON: u64 = 1 << 14;
 pub const FEATURE_MOVE: u64 = 1 << 16;
 
@@ -377,13 +378,14 @@ pub fn probe() -> Result<Probe, OpenError> {
 }
 
 /// The features every region asks for, with their names (linux/userfaultfd.h).
-pub const NEEDED_FEATURES: [(u64, &str); 6] = [
+pub const NEEDED_FEATURES: [(u64, &str); 7] = [
     (FEATURE_EVENT_FORK, "EVENT_FORK"),
     (FEATURE_EVENT_REMAP, "EVENT_REMAP"),
     (FEATURE_EVENT_REMOVE, "EVENT_REMOVE"),
     (FEATURE_EVENT_UNMAP, "EVENT_UNMAP"),
     (FEATURE_MOVE, "MOVE"),
     (FEATURE_POISON, "POISON"),
+    (FEATURE_THREAD_ID, "THREAD_ID"),
 ];
 
 /// [`NEEDED_FEATURES`] as one mask.

@@ -37,6 +37,9 @@ pub const ENV_POLICY: &str = "ZMEM_POLICY";
 pub const ENV_EVICTION: &str = "ZMEM_EVICTION";
 /// Threads serving faults (`--handler-threads`).
 pub const ENV_HANDLER_THREADS: &str = "ZMEM_HANDLER_THREADS";
+/// `0`: never pin the thread taking every fault and zmem's threads to one CPU
+/// (`--no-colocate`); unset or `1`: do (see zmem_region's `RegionConfig::colocate`).
+pub const ENV_COLOCATE: &str = "ZMEM_COLOCATE";
 /// Directory where each process writes `<pid>.json` when it exits (set by `zmem run`).
 pub const ENV_REPORT_DIR: &str = "ZMEM_REPORT_DIR";
 /// Directory of the stats sockets (default [`default_socket_dir`]).
@@ -56,7 +59,7 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 15] = [
+pub const ALL_VARS: [&str; 16] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -65,6 +68,7 @@ pub const ALL_VARS: [&str; 15] = [
     ENV_POLICY,
     ENV_EVICTION,
     ENV_HANDLER_THREADS,
+    ENV_COLOCATE,
     ENV_REPORT_DIR,
     ENV_SOCKET_DIR,
     ENV_ON_ERROR,
@@ -119,6 +123,7 @@ pub struct RunConfig {
     pub policy: Policy,
     pub eviction: Eviction,
     pub handler_threads: usize,
+    pub colocate: bool,
     pub report_dir: Option<PathBuf>,
     pub socket_dir: Option<PathBuf>,
     pub on_error: OnError,
@@ -139,6 +144,7 @@ impl Default for RunConfig {
             policy: Policy::Fast,
             eviction: Eviction::Clock,
             handler_threads: 1,
+            colocate: true,
             report_dir: None,
             socket_dir: None,
             on_error: OnError::Fail,
@@ -196,6 +202,11 @@ impl RunConfig {
                 .filter(|n| (1..=16).contains(n))
                 .ok_or_else(|| invalid(ENV_HANDLER_THREADS, &v, "expected 1..=16"))?;
         }
+        c.colocate = match get(ENV_COLOCATE).as_deref() {
+            None | Some("1") | Some("") => true,
+            Some("0") => false,
+            Some(v) => return Err(invalid(ENV_COLOCATE, v, "expected 0 or 1")),
+        };
         c.report_dir = get(ENV_REPORT_DIR)
             .filter(|s| !s.is_empty())
             .map(PathBuf::from);
@@ -248,6 +259,9 @@ impl RunConfig {
         v.push((ENV_POLICY, self.policy.name().into()));
         v.push((ENV_EVICTION, eviction_name(self.eviction).into()));
         v.push((ENV_HANDLER_THREADS, self.handler_threads.to_string()));
+        if !self.colocate {
+            v.push((ENV_COLOCATE, "0".into()));
+        }
         if let Some(d) = &self.report_dir {
             v.push((ENV_REPORT_DIR, d.display().to_string()));
         }
@@ -563,6 +577,7 @@ mod tests {
             policy: Policy::Balanced,
             eviction: Eviction::Fifo,
             handler_threads: 2,
+            colocate: false,
             report_dir: Some("/tmp/r".into()),
             socket_dir: Some("/tmp/s".into()),
             on_error: OnError::Off,
@@ -609,6 +624,7 @@ mod tests {
             (ENV_EVICTION, "lru"),
             (ENV_HANDLER_THREADS, "0"),
             (ENV_HANDLER_THREADS, "99"),
+            (ENV_COLOCATE, "yes"),
             (ENV_ON_ERROR, "ignore"),
             (ENV_RUN_PID, "0"),
             (ENV_RUN_PID, "me"),

@@ -171,6 +171,10 @@ pub struct RegionArgs {
     /// sleep) [default: the region's, 50].
     #[arg(long)]
     pub handler_spin_us: Option<u32>,
+    /// zmem region: never pin the faulting thread and the region's threads to one CPU
+    /// (RegionConfig::colocate; on by default).
+    #[arg(long)]
+    pub no_colocate: bool,
     /// JSON output.
     #[arg(long, default_value = "bench-out/region.json")]
     pub json: PathBuf,

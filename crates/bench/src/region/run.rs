@@ -35,6 +35,7 @@ pub fn run_zmem(
     if let Some(us) = args.handler_spin_us {
         cfg.handler_spin_us = us;
     }
+    cfg.colocate = !args.no_colocate;
     let (fault_around, handler_threads) = (cfg.fault_around, cfg.handler_threads);
     let mut driver = Driver::new(w, corpus, &label, FaultCounter::Any);
     let region = Region::new(cfg).with_context(|| {
@@ -75,6 +76,8 @@ pub fn run_zmem(
         "fault_around": fault_around,
         "handler_threads": handler_threads,
         "handler_spin_us": args.handler_spin_us,
+        "colocate": !args.no_colocate,
+        "colocations": d(s1.colocations, s0.colocations),
         "budget": s1.budget,
         "measured_phase": {
             "major_faults": d(s1.major_faults, s0.major_faults),

@@ -1,0 +1,288 @@
+//! Colocation: the thread that takes the faults and the region's own threads on one CPU.
+//!
+//! Measured on this 2-vCPU VM (docs/DESIGN-NOTES.md, "Colocation"): a fault served by a
+//! handler on the other vCPU costs two cross-vCPU wake-ups, and every `UFFDIO_MOVE` made while
+//! the program runs on the other vCPU costs a TLB-flush IPI (10–20 µs each; 0.9 µs when no
+//! other vCPU runs the process). A C loop with its handler on one CPU ran at 4.3 µs per access
+//! against 42 µs across two, and `bench region` (1G, 256M, rand) at 15.7 against 24.1. The
+//! scheduler does not place them together by itself: the served thread is woken on whichever
+//! vCPU is idle, i.e. away from the handler. The kernel's own swap-in never has the problem,
+//! since it runs in the faulting thread.
+//!
+//! So while one thread of the program takes every fault, that thread and the region's threads
+//! are pinned to the CPU the handler runs on; they get their own affinity back as soon as
+//! another thread faults (that thread too, if it inherited the pin), the faults stop for
+//! [`QUIET`], the region is dropped, or (in a forked child, for the forking thread) at fork.
+//! Only with one handler thread, on a process allowed more than one CPU.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// Consecutive faults from one thread before it is pinned.
+const STREAK: u32 = 256;
+/// A pinned thread that has not faulted for this long gets its own affinity back.
+pub(crate) const QUIET: Duration = Duration::from_millis(500);
+/// After an unpin, no new pin for this long (a program whose threads take turns must not make
+/// every fault a pair of system calls).
+const BACKOFF: Duration = Duration::from_secs(1);
+
+/// An affinity mask.
+#[derive(Clone, Copy)]
+struct CpuSet(libc::cpu_set_t);
+
+impl CpuSet {
+    /// `tid`'s mask (0: the calling thread).
+    fn of(tid: libc::pid_t) -> Option<CpuSet> {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is valid for its size.
+        let r = unsafe { libc::sched_getaffinity(tid, std::mem::size_of_val(&set), &mut set) };
+        (r == 0).then_some(CpuSet(set))
+    }
+
+    fn only(cpu: usize) -> CpuSet {
+        // SAFETY: as above.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        if cpu < libc::CPU_SETSIZE as usize {
+            // SAFETY: `cpu` is within the set.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        CpuSet(set)
+    }
+
+    fn has(&self, cpu: usize) -> bool {
+        // SAFETY: `cpu` is checked against the set's size first.
+        cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &self.0) }
+    }
+
+    fn first(&self) -> Option<usize> {
+        (0..libc::CPU_SETSIZE as usize).find(|&c| self.has(c))
+    }
+
+    fn is_only(&self, cpu: usize) -> bool {
+        // SAFETY: a set we hold.
+        self.has(cpu) && unsafe { libc::CPU_COUNT(&self.0) } == 1
+    }
+
+    /// Applies the mask to `tid` (0: the calling thread). A thread that has exited is no error.
+    fn apply(&self, tid: libc::pid_t) -> bool {
+        // SAFETY: a valid set of its size.
+        unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&self.0), &self.0) == 0 }
+    }
+}
+
+struct Pinned {
+    tid: libc::pid_t,
+    cpu: usize,
+    /// The thread's mask before the pin, given back at the unpin.
+    own: CpuSet,
+    /// Threads that already had exactly this CPU before the pin (the program's own choice),
+    /// left alone at the unpin; any other thread found with exactly this CPU then inherited
+    /// the pin (created by the pinned thread meanwhile) and gets `own`.
+    already: Vec<libc::pid_t>,
+}
+
+struct State {
+    /// The region's handler and evictor, and their mask before any pin.
+    ours: Vec<(libc::pid_t, CpuSet)>,
+    candidate: libc::pid_t,
+    streak: u32,
+    pinned: Option<Pinned>,
+    not_before: Instant,
+    pins: u64,
+}
+
+pub(crate) struct Colocation {
+    enabled: bool,
+    state: Mutex<State>,
+    /// Mirrors `state.pinned.is_some()` for the handler's spin (no lock on that path).
+    pinned_now: std::sync::atomic::AtomicBool,
+}
+
+/// Threads pinned now by any region's colocation (the faulting thread and the region's own
+/// threads): an unpin's scan for threads that inherited its pin leaves them alone.
+static PINNED_BY_ANY: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+
+/// The process's threads whose mask is exactly `cpu` (read from /proc/self/task; only at a pin
+/// or an unpin, on the region's own threads).
+fn threads_on_only(cpu: usize) -> Vec<libc::pid_t> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|&t| CpuSet::of(t).is_some_and(|m| m.is_only(cpu)))
+        .collect()
+}
+
+fn gettid() -> libc::pid_t {
+    // SAFETY: gettid cannot fail.
+    unsafe { libc::gettid() }
+}
+
+impl Colocation {
+    pub fn new(enabled: bool) -> Colocation {
+        Colocation {
+            enabled,
+            state: Mutex::new(State {
+                ours: Vec::with_capacity(4),
+                candidate: 0,
+                streak: 0,
+                pinned: None,
+                not_before: Instant::now(),
+                pins: 0,
+            }),
+            pinned_now: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a thread is pinned with the region's threads now (a handler must not spin then:
+    /// it would hold the very CPU the thread it serves needs).
+    pub fn pinned(&self) -> bool {
+        self.pinned_now.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many times a faulting thread was pinned.
+    pub fn pins(&self) -> u64 {
+        self.state.lock().pins
+    }
+
+    /// Called first on each of the region's own threads.
+    pub fn register_ours(&self) {
+        if !self.enabled {
+            return;
+        }
+        let tid = gettid();
+        if let Some(mask) = CpuSet::of(0) {
+            self.state.lock().ours.push((tid, mask));
+        }
+    }
+
+    /// A fault from thread `tid` (0: unknown), on the handler's thread.
+    pub fn on_fault(&self, tid: libc::pid_t) {
+        if !self.enabled || tid <= 0 {
+            return;
+        }
+        let mut st = self.state.lock();
+        if let Some(p) = st.pinned.as_mut() {
+            if p.tid == tid {
+                return;
+            }
+            // Another thread faults: colocation with one of them would starve the other.
+            self.unpin(&mut st);
+            return;
+        }
+        if st.candidate == tid {
+            st.streak += 1;
+        } else {
+            st.candidate = tid;
+            st.streak = 1;
+        }
+        if st.streak < STREAK || Instant::now() < st.not_before {
+            return;
+        }
+        st.streak = 0;
+        if PINNED_BY_ANY.lock().contains(&tid) {
+            // Another region's colocation holds this thread (it faults on both): leave it.
+            st.not_before = Instant::now() + BACKOFF;
+            return;
+        }
+        // SAFETY: sched_getcpu has no preconditions.
+        let here = unsafe { libc::sched_getcpu() };
+        let Some(own) = CpuSet::of(tid) else {
+            return;
+        };
+        let cpu = if here >= 0 && own.has(here as usize) {
+            here as usize
+        } else {
+            match own.first() {
+                Some(c) => c,
+                None => return,
+            }
+        };
+        let only = CpuSet::only(cpu);
+        let already = threads_on_only(cpu);
+        if !only.apply(tid) {
+            st.not_before = Instant::now() + BACKOFF;
+            return;
+        }
+        for &(t, _) in &st.ours {
+            only.apply(t);
+        }
+        {
+            let mut all = PINNED_BY_ANY.lock();
+            all.push(tid);
+            all.extend(st.ours.iter().map(|&(t, _)| t));
+        }
+        st.pinned = Some(Pinned {
+            tid,
+            cpu,
+            own,
+            already,
+        });
+        st.pins += 1;
+        self.pinned_now
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The evictor's periodic check: unpin when the faults have stopped.
+    pub fn check_quiet(&self, since_last_fault: Duration) {
+        if self.enabled && self.pinned() && since_last_fault >= QUIET {
+            let mut st = self.state.lock();
+            self.unpin(&mut st);
+        }
+    }
+
+    /// Gives every pinned thread its own mask back (the region is going away).
+    pub fn release(&self) {
+        if self.enabled {
+            let mut st = self.state.lock();
+            self.unpin(&mut st);
+        }
+    }
+
+    fn unpin(&self, st: &mut State) {
+        let Some(p) = st.pinned.take() else {
+            return;
+        };
+        let mut all = PINNED_BY_ANY.lock();
+        for &(t, mask) in &st.ours {
+            mask.apply(t);
+            if let Some(i) = all.iter().position(|&x| x == t) {
+                all.swap_remove(i);
+            }
+        }
+        p.own.apply(p.tid);
+        if let Some(i) = all.iter().position(|&x| x == p.tid) {
+            all.swap_remove(i);
+        }
+        for t in threads_on_only(p.cpu) {
+            if !p.already.contains(&t) && !all.contains(&t) {
+                p.own.apply(t);
+            }
+        }
+        drop(all);
+        st.not_before = Instant::now() + BACKOFF;
+        st.candidate = 0;
+        st.streak = 0;
+        self.pinned_now
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// In a forked child (atfork): the forking thread, if it carries the pin, gets the pinned
+    /// thread's own mask back, so a child (a BGSAVE) does not share the parent's CPU. Takes no
+    /// lock that a parent thread could have held at the fork.
+    pub fn in_child(&self) {
+        if !self.enabled || !self.pinned() {
+            return;
+        }
+        let Some(st) = self.state.try_lock() else {
+            return;
+        };
+        if let Some(p) = st.pinned.as_ref() {
+            if CpuSet::of(0).is_some_and(|m| m.is_only(p.cpu)) {
+                p.own.apply(0);
+            }
+        }
+    }
+}

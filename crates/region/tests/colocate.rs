@@ -1,0 +1,128 @@
+//! Colocation (RegionConfig::colocate): the one thread taking every fault is pinned to one CPU
+//! with the region's threads, and gets its own affinity back when another thread faults, when
+//! the faults stop, when the region is dropped, and in a child it forks.
+
+use std::time::Duration;
+
+use zmem_region::{Budget, RegionConfig, PAGE};
+
+mod support;
+use support::*;
+
+fn affinity() -> libc::cpu_set_t {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid for its size.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    assert_eq!(r, 0);
+    set
+}
+
+fn same(a: &libc::cpu_set_t, b: &libc::cpu_set_t) -> bool {
+    // SAFETY: two valid sets.
+    unsafe { libc::CPU_EQUAL(a, b) }
+}
+
+fn cpus(set: &libc::cpu_set_t) -> usize {
+    // SAFETY: a set the kernel filled.
+    unsafe { libc::CPU_COUNT(set) as usize }
+}
+
+/// Faults on every page of `r` in a scattered order (no fault-around), from this thread.
+fn fault_all(r: &zmem_region::Region, version: u64) {
+    let pages = r.len() / PAGE;
+    for k in 0..pages {
+        let i = (k * 7919) % pages;
+        fill(page_mut(r, i), i, version);
+    }
+}
+
+fn skip_on_one_cpu() -> bool {
+    let one = zmem_os::thread::cpus_available() < 2;
+    if one {
+        eprintln!("skipped: colocation needs a process allowed more than one CPU");
+    }
+    one
+}
+
+#[test]
+fn the_thread_taking_every_fault_is_pinned_then_given_its_mask_back() {
+    if skip_on_one_cpu() {
+        return;
+    }
+    let own = affinity();
+    let Some(r) = region(16 * MIB, 2 * MIB) else {
+        return;
+    };
+    // 4096 pages through a 512-page budget, twice: thousands of faults, all from this thread.
+    fault_all(&r, 1);
+    fault_all(&r, 2);
+    assert_eq!(r.stats().colocations, 1);
+    assert_eq!(
+        cpus(&affinity()),
+        1,
+        "pinned to one CPU while it takes every fault"
+    );
+
+    // A child forked now runs with the thread's own mask (it must not share the CPU).
+    // SAFETY: the child only calls sched_getaffinity and _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let mine = affinity();
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(if same(&mine, &own) { 0 } else { 1 }) };
+    }
+    wait_for_child(pid);
+
+    // Another thread faults (it inherited the pin from this one): both get the own mask back.
+    let other = std::thread::scope(|s| {
+        s.spawn(|| {
+            let pages = r.len() / PAGE;
+            for i in (0..pages).step_by(3) {
+                check(page_mut(&r, i), i, 2);
+            }
+            affinity()
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(
+        same(&affinity(), &own),
+        "unpinned when another thread faults"
+    );
+    assert!(same(&other, &own), "the new thread's inherited pin undone");
+
+    // Pinned again after the back-off, then the faults stop: unpinned within the quiet time.
+    std::thread::sleep(Duration::from_millis(1100));
+    fault_all(&r, 3);
+    assert_eq!(r.stats().colocations, 2);
+    assert_eq!(cpus(&affinity()), 1);
+    std::thread::sleep(Duration::from_millis(900));
+    assert!(same(&affinity(), &own), "unpinned once the faults stop");
+
+    // And once more, then the region goes away: unpinned by the drop.
+    std::thread::sleep(Duration::from_millis(1100));
+    fault_all(&r, 4);
+    assert_eq!(r.stats().colocations, 3);
+    drop(r);
+    assert!(same(&affinity(), &own), "unpinned by the drop");
+}
+
+#[test]
+fn without_colocate_no_thread_is_pinned() {
+    if skip_on_one_cpu() {
+        return;
+    }
+    let own = affinity();
+    let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(2 * MIB));
+    cfg.colocate = false;
+    let Some(r) = region_with(cfg) else {
+        return;
+    };
+    fault_all(&r, 1);
+    fault_all(&r, 2);
+    assert!(r.stats().major_faults > 1000);
+    assert_eq!(r.stats().colocations, 0);
+    assert!(same(&affinity(), &own));
+}
