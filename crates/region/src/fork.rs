@@ -63,13 +63,18 @@ extern "C" fn atfork_child() {
     // parent's userfaultfd alive after the parent closes it, and the parent's munmap of the
     // region would then wait for an UNMAP event nobody reads, for as long as this process
     // lives (found with two tests forking and dropping regions at once).
-    let registry = REGISTRY.lock();
+    // Then the list is emptied: these regions have no threads here, and their numbers, closed
+    // now, will be reused by the program, so a later fork in this process must neither close
+    // them again nor write to them (found when a forked bash subshell forked again and lost
+    // the pipe of its command substitution).
+    let mut registry = REGISTRY.lock();
     for s in registry.iter() {
         if let Some(s) = s.upgrade() {
             s.close_in_child();
             s.colocation.in_child();
         }
     }
+    registry.clear();
 }
 
 /// Makes fork() park this region's threads first (see [`Shared::fork_mode`]). Called with
