@@ -912,3 +912,53 @@ fn dropping_a_region_does_not_wait_for_a_live_child() {
         );
     }
 }
+
+/// A forked child that forks again: the second fork must not touch descriptor numbers the
+/// child reused after the first fork closed the parent's (a pipe made in the child lands on
+/// them; a nested shell command substitution lost its pipe this way).
+#[test]
+fn a_child_that_forks_again_keeps_its_own_descriptors() {
+    let Some(r) = region(4 * MIB, MIB) else {
+        return;
+    };
+    fill(page_mut(&r, 0), 0, 1);
+    // SAFETY: the child makes pipes, forks, reads and writes, and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = unsafe {
+            // Several pipes, so the lowest free numbers (those closed at the fork) are taken.
+            let mut fds = [[0i32; 2]; 4];
+            for p in fds.iter_mut() {
+                if libc::pipe(p.as_mut_ptr()) != 0 {
+                    libc::_exit(20);
+                }
+            }
+            let grandchild = libc::fork();
+            if grandchild == 0 {
+                for p in &fds {
+                    if libc::write(p[1], b"x".as_ptr().cast(), 1) != 1 {
+                        libc::_exit(21);
+                    }
+                }
+                libc::_exit(0);
+            }
+            let mut ok = true;
+            for p in &fds {
+                let mut b = 0u8;
+                ok &= libc::read(p[0], (&mut b as *mut u8).cast(), 1) == 1 && b == b'x';
+            }
+            let mut status = 0;
+            libc::waitpid(grandchild, &mut status, 0);
+            if ok && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                0
+            } else {
+                22
+            }
+        };
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    wait_for_child(pid);
+    check(page_mut(&r, 0), 0, 1);
+}
