@@ -8,7 +8,8 @@
 //! zmem-workload crate, shared with the region's policy simulator.
 //!
 //! Benchmarks: [`pages`] (with its targets [`blockdev`] and [`zmem_target`]), [`compare`],
-//! [`codecs`], [`region`], [`adaptive`], [`kv`] (with [`redis`] and [`memcached`]), [`programs`].
+//! [`codecs`], [`region`], [`adaptive`], [`kv`] (with [`redis`] and [`memcached`]), [`programs`],
+//! [`ssd`].
 
 pub mod abort;
 pub mod corpus;
@@ -27,6 +28,7 @@ pub mod pages;
 pub mod programs;
 pub mod redis;
 pub mod region;
+pub mod ssd;
 pub mod zmem_target;
 
 use clap::Subcommand;
@@ -64,6 +66,13 @@ pub enum BenchCommand {
     /// and under the kernel (cgroup limit B, zram swap): outputs checked identical, times and
     /// major faults side by side.
     Programs(Box<programs::ProgramsArgs>),
+    /// HMM_alloc's experiments on zmem's SSD tier beside the kernel's swap file on the same
+    /// disk, at the same DRAM: random access to 256 B-4 KiB objects (read-only, write-only,
+    /// 80:20) and a bloom filter, each several times larger than DRAM (root).
+    Ssd(Box<ssd::SsdArgs>),
+    /// The worker of `bench ssd`: one workload in this process, one JSON line (internal).
+    #[command(name = "ssd-worker", hide = true)]
+    SsdWorker(Box<ssd::SsdWorkerArgs>),
 }
 
 impl BenchCommand {
@@ -80,6 +89,8 @@ impl BenchCommand {
             BenchCommand::Redis(a) => redis::run(&a),
             BenchCommand::Memcached(a) => memcached::run(&a),
             BenchCommand::Programs(a) => programs::run::run(&a),
+            BenchCommand::Ssd(a) => ssd::run::run(&a),
+            BenchCommand::SsdWorker(a) => ssd::worker::worker_main(&a),
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Swap on a block device for as long as a guard lives ([`SwapOn`]), and /proc/swaps.
+//! Swap on a block device or a swap file for as long as a guard lives ([`SwapOn`]), and
+//! /proc/swaps.
 
 use std::ffi::CString;
 use std::io::{Seek, SeekFrom, Write};
@@ -81,14 +82,18 @@ pub fn swap_header(pages: u64, label: &str) -> anyhow::Result<Vec<u8>> {
     Ok(h)
 }
 
-/// Swap on a block device for as long as the guard lives.
+/// Swap on a block device (or a swap file, see [`super::swapfile`]) for as long as the guard
+/// lives.
 #[derive(Debug)]
 pub struct SwapOn {
     dev: PathBuf,
+    /// Whether swapoff is still to be done.
+    active: bool,
 }
 
 impl SwapOn {
-    /// Writes a swap header on `dev` (its whole size) and swaps on it with `priority`.
+    /// Writes a swap header on `dev` (its whole size: a block device, or a regular file with
+    /// all its blocks allocated) and swaps on it with `priority`.
     pub fn enable(dev: &Path, priority: i32) -> anyhow::Result<SwapOn> {
         let mut f = std::fs::OpenOptions::new()
             .read(true)
@@ -118,18 +123,31 @@ impl SwapOn {
         );
         Ok(SwapOn {
             dev: dev.to_path_buf(),
+            active: true,
         })
     }
-}
 
-impl Drop for SwapOn {
-    fn drop(&mut self) {
-        let Ok(c) = CString::new(self.dev.as_os_str().as_bytes()) else {
-            return;
-        };
+    /// The device or file swapped on.
+    pub fn path(&self) -> &Path {
+        &self.dev
+    }
+
+    /// swapoff now; whether it worked (a file must stay in place while it is still swap).
+    /// Dropping the guard afterwards does nothing more.
+    pub fn disable(mut self) -> std::io::Result<()> {
+        self.off()
+    }
+
+    fn off(&mut self) -> std::io::Result<()> {
+        if !std::mem::replace(&mut self.active, false) {
+            return Ok(());
+        }
+        let c = CString::new(self.dev.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         // SAFETY: c is a valid NUL-terminated path.
         if unsafe { libc::swapoff(c.as_ptr()) } == 0 {
             eprintln!("zmem: swapoff {}", self.dev.display());
+            Ok(())
         } else {
             let err = std::io::Error::last_os_error();
             eprintln!(
@@ -137,7 +155,14 @@ impl Drop for SwapOn {
                 self.dev.display(),
                 self.dev.display()
             );
+            Err(err)
         }
+    }
+}
+
+impl Drop for SwapOn {
+    fn drop(&mut self) {
+        let _ = self.off();
     }
 }
 
