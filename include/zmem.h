@@ -143,6 +143,27 @@ typedef struct zmem_options {
    * Threads that resolve the region's faults, 1..=16. Default 1.
    */
   uint32_t handler_threads;
+  /**
+   * Bytes of DRAM the compressed pages may use (zram's mem_limit); 0 = unlimited, or with
+   * an SSD tier a quarter of `resident` (at least 16 MiB). Default 0.
+   */
+  uint64_t store_limit;
+  /**
+   * An SSD tier below the compressed pages: a directory (the log is an unnamed file there)
+   * or a block device, as a NUL-terminated path read only during `zmem_region_create()`;
+   * NULL = none. Cold compressed pages are written to it as the store nears `store_limit`.
+   * Default NULL.
+   */
+  const char *ssd_path;
+  /**
+   * Bytes of log space on the SSD tier; 0 = 4 GiB. Default 0.
+   */
+  uint64_t ssd_size;
+  /**
+   * Do not encrypt the SSD tier (by default AES-256-GCM under a key that lives only in this
+   * process). Default false.
+   */
+  bool ssd_no_encrypt;
 } zmem_options;
 
 /**
@@ -246,6 +267,20 @@ typedef struct zmem_stats {
    * Store: orig_data_size / mem_used_total; 0 while the store is empty.
    */
   double compression_ratio;
+  /**
+   * SSD tier: pages on the log now, and their compressed bytes there.
+   */
+  uint64_t ssd_pages;
+  uint64_t ssd_bytes;
+  /**
+   * SSD tier: pages written back from the compressed pool, and pages read back.
+   */
+  uint64_t ssd_writeback_pages;
+  uint64_t ssd_reads;
+  /**
+   * SSD tier: failed reads or writes (a page whose only copy is unreadable is poisoned).
+   */
+  uint64_t ssd_errors;
 } zmem_stats;
 
 #ifdef __cplusplus

@@ -16,7 +16,8 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ::zmem_region::{
@@ -105,6 +106,19 @@ pub struct zmem_options {
     pub fault_around: u32,
     /// Threads that resolve the region's faults, 1..=16. Default 1.
     pub handler_threads: u32,
+    /// Bytes of DRAM the compressed pages may use (zram's mem_limit); 0 = unlimited, or with
+    /// an SSD tier a quarter of `resident` (at least 16 MiB). Default 0.
+    pub store_limit: u64,
+    /// An SSD tier below the compressed pages: a directory (the log is an unnamed file there)
+    /// or a block device, as a NUL-terminated path read only during `zmem_region_create()`;
+    /// NULL = none. Cold compressed pages are written to it as the store nears `store_limit`.
+    /// Default NULL.
+    pub ssd_path: *const c_char,
+    /// Bytes of log space on the SSD tier; 0 = 4 GiB. Default 0.
+    pub ssd_size: u64,
+    /// Do not encrypt the SSD tier (by default AES-256-GCM under a key that lives only in this
+    /// process). Default false.
+    pub ssd_no_encrypt: bool,
 }
 
 /// Statistics of a region (`zmem_region_stats()`). Sizes in bytes, latencies in nanoseconds.
@@ -161,6 +175,14 @@ pub struct zmem_stats {
     pub effective_ratio: f64,
     /// Store: orig_data_size / mem_used_total; 0 while the store is empty.
     pub compression_ratio: f64,
+    /// SSD tier: pages on the log now, and their compressed bytes there.
+    pub ssd_pages: u64,
+    pub ssd_bytes: u64,
+    /// SSD tier: pages written back from the compressed pool, and pages read back.
+    pub ssd_writeback_pages: u64,
+    pub ssd_reads: u64,
+    /// SSD tier: failed reads or writes (a page whose only copy is unreadable is poisoned).
+    pub ssd_errors: u64,
 }
 
 /// A region: opaque handle from `zmem_region_create()`, freed by `zmem_region_destroy()`.
@@ -314,6 +336,10 @@ fn default_options() -> zmem_options {
         } as i32,
         fault_around: u32::try_from(base.fault_around).unwrap_or(u32::MAX),
         handler_threads: u32::try_from(base.handler_threads).unwrap_or(u32::MAX),
+        store_limit: 0,
+        ssd_path: std::ptr::null(),
+        ssd_size: 0,
+        ssd_no_encrypt: false,
     }
 }
 
@@ -373,6 +399,28 @@ fn config_from(o: &zmem_options) -> Result<RegionConfig, Failure> {
     cfg.eviction = eviction_from(o.eviction)?;
     cfg.fault_around = o.fault_around as usize;
     cfg.handler_threads = o.handler_threads as usize;
+    cfg.store_limit = (o.store_limit != 0).then_some(o.store_limit);
+    if !o.ssd_path.is_null() {
+        // SAFETY: the caller of zmem_region_create guarantees a non-NULL ssd_path points to a
+        // NUL-terminated string that stays valid during the call.
+        let path = unsafe { CStr::from_ptr(o.ssd_path) };
+        let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(path.to_bytes()));
+        if cfg.store_limit.is_none() {
+            let resident = if o.adaptive { 64 << 20 } else { o.resident / 4 };
+            cfg.store_limit = Some(resident.max(16 << 20));
+        }
+        let size = if o.ssd_size == 0 { 4 << 30 } else { o.ssd_size };
+        let mut lc = zmem_tier::LogConfig::new(path.clone(), size);
+        lc.encrypt = !o.ssd_no_encrypt;
+        let log = zmem_tier::Log::open(lc).map_err(|e| Failure {
+            status: match e {
+                zmem_tier::TierError::Config(_) => zmem_status::ZMEM_INVALID_ARGUMENT,
+                _ => zmem_status::ZMEM_OS,
+            },
+            message: format!("SSD tier at {}: {e}", path.display()),
+        })?;
+        cfg.lower = Some(zmem_store::LowerConfig::new(log));
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -419,6 +467,11 @@ impl From<&RegionStats> for zmem_stats {
             pending_pages: s.store.pending_pages,
             effective_ratio: s.effective_ratio(),
             compression_ratio,
+            ssd_pages: s.store.lower_pages,
+            ssd_bytes: s.store.lower_bytes,
+            ssd_writeback_pages: s.store.writeback_pages,
+            ssd_reads: s.store.lower_reads,
+            ssd_errors: s.store.lower_errors,
         }
     }
 }
@@ -888,5 +941,75 @@ mod tests {
         o.resident = 0;
         o.adaptive = true;
         assert!(config_from(&o).is_ok());
+    }
+
+    #[test]
+    fn a_region_with_an_ssd_tier_round_trips_and_reports_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = CString::new(dir.path().to_str().unwrap()).unwrap();
+        let mut o = default_options();
+        o.size = 32 << 20;
+        o.resident = 1 << 20;
+        o.store_limit = 1 << 20;
+        o.ssd_path = path.as_ptr();
+        o.ssd_size = 64 << 20;
+        let mut r: *mut zmem_region = std::ptr::null_mut();
+        // SAFETY: valid options and out pointer.
+        let st = unsafe { zmem_region_create(&o, &mut r) };
+        if st == zmem_status::ZMEM_PERMISSION || st == zmem_status::ZMEM_UNSUPPORTED {
+            eprintln!("skipped: no userfaultfd here: {}", last_error());
+            return;
+        }
+        assert_eq!(st, zmem_status::ZMEM_OK, "{}", last_error());
+        // SAFETY: r is a live region of o.size bytes.
+        let mem =
+            unsafe { std::slice::from_raw_parts_mut(zmem_region_base(r) as *mut u8, 32 << 20) };
+        // Half random bytes, half text: about 2:1, so the compressed pages overflow the
+        // store limit many times over.
+        let byte = |i: usize, k: usize| -> u8 {
+            if k < 2048 {
+                let x = ((i * 4096 + k) as u64 | 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                (x >> 56) as u8
+            } else {
+                b"page of a region with an SSD tier; "[k % 35] ^ (i as u8)
+            }
+        };
+        for (i, chunk) in mem.chunks_mut(4096).enumerate() {
+            for (k, b) in chunk.iter_mut().enumerate() {
+                *b = byte(i, k);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        for (i, chunk) in mem.chunks(4096).enumerate().rev() {
+            assert!(
+                chunk.iter().enumerate().all(|(k, &b)| b == byte(i, k)),
+                "page {i}"
+            );
+        }
+        let mut stats = zmem_stats::default();
+        // SAFETY: r is live, stats writable.
+        assert_eq!(
+            unsafe { zmem_region_stats(r, &mut stats) },
+            zmem_status::ZMEM_OK
+        );
+        assert!(
+            stats.ssd_writeback_pages > 0 && stats.ssd_reads > 0,
+            "{stats:?}"
+        );
+        assert_eq!(stats.ssd_errors, 0);
+        // SAFETY: r is live and not used after.
+        unsafe { zmem_region_destroy(r) };
+
+        // A regular file is refused, and left as it was.
+        let file = dir.path().join("data");
+        std::fs::write(&file, b"keep").unwrap();
+        let fpath = CString::new(file.to_str().unwrap()).unwrap();
+        o.ssd_path = fpath.as_ptr();
+        // SAFETY: valid options and out pointer.
+        let st = unsafe { zmem_region_create(&o, &mut r) };
+        assert_eq!(st, zmem_status::ZMEM_INVALID_ARGUMENT, "{}", last_error());
+        assert!(r.is_null());
+        assert!(last_error().contains("SSD tier"), "{}", last_error());
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep");
     }
 }

@@ -51,6 +51,19 @@ pub struct RunArgs {
     /// DRAM the compressed pages may use (like zram's mem_limit); default unlimited.
     #[arg(long, value_parser = parse_size)]
     pub store_limit: Option<u64>,
+    /// An SSD tier below the compressed pages: a directory (the log is an unnamed file there,
+    /// gone when the program exits) or a block device (used whole). Compressed pages that stay
+    /// cold are written to it as the store nears --store-limit (default with --ssd: a quarter
+    /// of --resident, at least 16M).
+    #[arg(long, value_name = "PATH")]
+    pub ssd: Option<PathBuf>,
+    /// Bytes of log space on the SSD tier (default 4G; allocated when the program starts).
+    #[arg(long, value_parser = parse_size, requires = "ssd")]
+    pub ssd_size: Option<u64>,
+    /// Do not encrypt the SSD tier (by default every object is sealed with AES-256-GCM under a
+    /// key that lives only in the program's memory).
+    #[arg(long, requires = "ssd")]
+    pub ssd_no_encrypt: bool,
     /// Compression policy: fast (lz4), balanced (zstd-1), max (zstd, blocks), auto.
     #[arg(long, default_value = "fast", value_parser = zmem_bench::POLICIES)]
     pub policy: String,
@@ -181,6 +194,9 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
             )));
         }
     }
+    if let Some(path) = &a.ssd {
+        check_ssd(path, a.ssd_size.unwrap_or(zmem_runenv::DEFAULT_SSD_SIZE))?;
+    }
     let policy: Policy = a
         .policy
         .parse()
@@ -197,6 +213,13 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
         },
         handler_threads: a.handler_threads as usize,
         colocate: !a.no_colocate,
+        // Absolute, like --stats.
+        ssd: a
+            .ssd
+            .as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
+        ssd_size: a.ssd_size,
+        ssd_encrypt: !a.ssd_no_encrypt,
         report_dir: Some(report_dir.to_path_buf()),
         socket_dir: std::env::var_os(zmem_runenv::ENV_SOCKET_DIR).map(PathBuf::from),
         on_error: if a.fallback {
@@ -213,6 +236,51 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
             .as_ref()
             .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
     })
+}
+
+/// The smallest SSD tier (a few segments of the log).
+const MIN_SSD_SIZE: u64 = 16 << 20;
+
+/// Checks `--ssd PATH` and its size before the program starts: a directory with room for the
+/// log, or a block device at least that large. A regular file is refused (it would be
+/// overwritten).
+fn check_ssd(path: &Path, size: u64) -> Result<(), RunError> {
+    use std::os::unix::fs::FileTypeExt;
+    if size < MIN_SSD_SIZE {
+        return Err(RunError::Config(format!(
+            "--ssd-size {} is too small: at least {}",
+            fmt_size(size),
+            fmt_size(MIN_SSD_SIZE)
+        )));
+    }
+    let md = std::fs::metadata(path)
+        .map_err(|e| RunError::Config(format!("--ssd {}: {e}", path.display())))?;
+    if md.is_dir() {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| RunError::Config(format!("--ssd {}: bad path", path.display())))?;
+        // SAFETY: statvfs fills `st`; c is a valid NUL-terminated path.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0 {
+            let avail = st.f_bavail as u64 * st.f_frsize as u64;
+            if avail < size {
+                return Err(RunError::Config(format!(
+                    "--ssd {}: the file system has {} free, less than --ssd-size {}",
+                    path.display(),
+                    human(avail),
+                    fmt_size(size)
+                )));
+            }
+        }
+        Ok(())
+    } else if md.file_type().is_block_device() {
+        Ok(())
+    } else {
+        Err(RunError::Config(format!(
+            "--ssd {}: not a directory or a block device (an existing file would be overwritten; \
+             give the directory to put the log in)",
+            path.display()
+        )))
+    }
 }
 
 /// Finds `name` as the shell would: a path if it has a slash, else along $PATH.

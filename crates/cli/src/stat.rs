@@ -119,6 +119,11 @@ pub fn run(a: &StatArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&rows[0])?);
         } else if first || a.all {
             print!("{}", table(&refs));
+            for s in &refs {
+                if let Some(l) = zmem_runenv::report::ssd_line(s) {
+                    print!("{l}");
+                }
+            }
         } else {
             let t = table(&refs);
             println!("{}", t.lines().nth(1).unwrap_or(""));

@@ -677,6 +677,57 @@ fn c_malloc_stress() {
     );
 }
 
+/// The SSD tier under `zmem run`: the stress's data goes from DRAM to the compressed store and
+/// on to the log (the store limit is far below the data), comes back exact, and the run's
+/// report shows the tier.
+#[test]
+fn c_malloc_stress_through_the_ssd_tier() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("malloc_stress", dir.path(), &[]);
+    let stats = dir.path().join("stats.json");
+    let ssd = dir.path().join("ssd");
+    std::fs::create_dir(&ssd).unwrap();
+    let mut cmd = zmem_cmd(&[
+        "run",
+        "--resident",
+        "16M",
+        "--store-limit",
+        "8M",
+        "--ssd-size",
+        "512M",
+        "--size",
+        "2G",
+        "--stats",
+    ]);
+    cmd.arg(&stats).arg("--ssd").arg(&ssd).arg("--").arg(&prog);
+    cmd.args(["2", "3000", "700", "5"]);
+    let out = run_to_end(cmd, dir.path(), "stress-ssd", Duration::from_secs(300));
+    assert_eq!(
+        out.code,
+        Some(0),
+        "malloc_stress under zmem run --ssd failed\nstdout: {}\nstderr: {}",
+        out.stdout,
+        tail(&out.stderr)
+    );
+    let report = read_json(&stats);
+    let z = &report["zmem"];
+    let store = &z["region"]["store"];
+    let log = &z["ssd"];
+    assert!(num(store, "writeback_pages") > 0, "{z}");
+    assert!(num(store, "lower_reads") > 0, "{z}");
+    assert_eq!(num(store, "lower_errors"), 0, "{z}");
+    assert_eq!(log["encrypted"], true, "{log}");
+    assert_eq!(num(log, "corrupt") + num(log, "read_errors"), 0, "{log}");
+    assert!(num(store, "mem_used_total") <= 8 * MIB, "{store}");
+    assert!(out.stderr.contains("zmem: SSD "), "{}", tail(&out.stderr));
+    // The log was an unnamed file: nothing is left in the directory.
+    assert_eq!(std::fs::read_dir(&ssd).unwrap().count(), 0);
+}
+
 /// Issue 10's invariant: no zmem thread reads program heap memory. The program's environment,
 /// locale data and stdout buffer live in its heap, which a 4M budget evicts over and over while
 /// it frees and grows blocks (the allocator purges) and zmem's threads log at debug level.
@@ -1394,6 +1445,42 @@ fn bad_input() {
             String::from_utf8_lossy(&cc.stderr)
         );
     }
+
+    // The SSD tier: a regular file, a missing path, too small a size, a flag without --ssd.
+    let file = d.join("not-a-dir");
+    std::fs::write(&file, b"keep me").unwrap();
+    let f = file.to_str().unwrap();
+    let out = zmem_quick(&["run", "--ssd", f, "--", "true"], d, "ssd-file");
+    fails_with(
+        &out,
+        "--ssd on a file",
+        1,
+        "not a directory or a block device",
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    let missing = d.join("no-such-dir");
+    let out = zmem_quick(
+        &["run", "--ssd", missing.to_str().unwrap(), "--", "true"],
+        d,
+        "ssd-missing",
+    );
+    fails_with(&out, "--ssd missing", 1, "no-such-dir");
+    let dd = d.to_str().unwrap();
+    let out = zmem_quick(
+        &["run", "--ssd", dd, "--ssd-size", "1M", "--", "true"],
+        d,
+        "ssd-tiny",
+    );
+    fails_with(&out, "--ssd-size 1M", 1, "too small");
+    let out = zmem_quick(
+        &["run", "--ssd", dd, "--ssd-size", "900000G", "--", "true"],
+        d,
+        "ssd-big",
+    );
+    fails_with(&out, "--ssd-size 900000G", 1, "free, less than --ssd-size");
+    let out = zmem_quick(&["run", "--ssd-no-encrypt", "--", "true"], d, "ssd-flag");
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--ssd"), "{}", out.stderr);
 
     // A set-user-ID program: the loader ignores LD_PRELOAD for it.
     let suid = d.join("true-setuid");

@@ -26,6 +26,8 @@ static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// Everything zmem holds in this process (set once, in READY).
 pub struct Runtime {
     pub region: Region,
+    /// The SSD tier's log under the region's store (for its statistics).
+    pub ssd: Option<std::sync::Arc<zmem_tier::Log>>,
     pub config: RunConfig,
     pub started: Instant,
     pub pid: u32,
@@ -140,8 +142,23 @@ fn init() -> Result<(), InitError> {
     rc.eviction = config.eviction;
     rc.handler_threads = config.handler_threads;
     rc.colocate = config.colocate;
-    rc.store_limit = config.store_limit;
+    rc.store_limit = config.effective_store_limit();
     zmem_os::thread::set_start_hook(heap::mark_internal);
+    // After the start hook: the log's collector is one of zmem's threads.
+    let ssd = match &config.ssd {
+        Some(path) => {
+            let mut lc = zmem_tier::LogConfig::new(
+                path.clone(),
+                config.ssd_size.unwrap_or(zmem_runenv::DEFAULT_SSD_SIZE),
+            );
+            lc.encrypt = config.ssd_encrypt;
+            let log = zmem_tier::Log::open(lc)
+                .map_err(|e| fail(format!("SSD tier at {}: {e}", path.display())))?;
+            rc.lower = Some(zmem_store::LowerConfig::new(log.clone()));
+            Some(log)
+        }
+        None => None,
+    };
     let region = Region::new(rc).map_err(|e| fail(e.to_string()))?;
     // SAFETY: the region's memory lives as long as the process (RUNTIME is never dropped).
     let (heap_start, heap_len) = match unsafe { heap::add_region(&region, heap_part as usize) } {
@@ -171,6 +188,7 @@ fn init() -> Result<(), InitError> {
     let socket = crate::server::start(config.socket_dir.as_deref(), pid, served_stats, sample_peak);
     let rt = Runtime {
         region,
+        ssd,
         config,
         started: Instant::now(),
         pid,
@@ -213,6 +231,7 @@ pub fn stats() -> ProcessStats {
         adaptive: rt.config.resident.is_none(),
         process_cpu_ns: tv(ru.ru_utime) + tv(ru.ru_stime),
         maps: crate::maps::stats(),
+        ssd: rt.ssd.as_ref().map(|l| l.stats()),
         ..ProcessStats::of_region(rt.region.stats())
     }
 }

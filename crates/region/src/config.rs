@@ -66,6 +66,9 @@ pub struct RegionConfig {
     /// [`default_evict_group`]). None = the policy's default ([`default_evict_group`], 1 for
     /// all).
     pub evict_group: Option<usize>,
+    /// An SSD log below the store (needs `store_limit`): compressed pages that stay cold are
+    /// written back to it as the store nears its limit, and read back from it on a fault.
+    pub lower: Option<zmem_store::LowerConfig>,
 }
 
 /// The default of [`RegionConfig::evict_group`] for a policy: 1 (each page alone) for every
@@ -121,6 +124,7 @@ impl RegionConfig {
             colocate: true,
             store_limit: None,
             evict_group: None,
+            lower: None,
         }
     }
 
@@ -171,6 +175,13 @@ impl RegionConfig {
             return Err(RegionError::Config(format!(
                 "evict_group {evict_group} must be 1..={MAX_BLOCK_PAGES} pages"
             )));
+        }
+        if self.lower.is_some() && self.store_limit.is_none() {
+            return Err(RegionError::Config(
+                "an SSD tier needs a store limit: compressed pages are written to it as the \
+                 store nears that limit"
+                    .into(),
+            ));
         }
         let budget_bytes = match &self.budget {
             Budget::Fixed(b) => *b,

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zmem_os::Errno;
-use zmem_store::StoreError;
 
 use crate::config::PAGE;
 use crate::manager::{Served, Shared, Space, STAGING_SLOTS};
@@ -142,10 +141,8 @@ impl Shared {
                 let first = at;
                 at = end;
                 if let Err(e) = read {
-                    let k = match e {
-                        StoreError::Corrupt { index, .. }
-                            if (idx + first..idx + end).contains(&(index as usize)) =>
-                        {
+                    let k = match e.lost_page() {
+                        Some(index) if (idx + first..idx + end).contains(&(index as usize)) => {
                             index as usize - idx
                         }
                         _ => first,

@@ -89,6 +89,7 @@ impl Region {
     pub fn new(cfg: RegionConfig) -> Result<Region, RegionError> {
         let mut store_cfg = StoreConfig::new(cfg.check()?.pages as u64, cfg.policy);
         store_cfg.mem_limit = cfg.store_limit;
+        store_cfg.lower = cfg.lower.clone();
         if cfg.policy == Policy::Auto {
             // Evicted pages that stay cold are recompressed with zstd into blocks.
             store_cfg.recompress_interval = Some(Duration::from_secs(1));

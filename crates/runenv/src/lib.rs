@@ -40,6 +40,14 @@ pub const ENV_HANDLER_THREADS: &str = "ZMEM_HANDLER_THREADS";
 /// `0`: never pin the thread taking every fault and zmem's threads to one CPU
 /// (`--no-colocate`); unset or `1`: do (see zmem_region's `RegionConfig::colocate`).
 pub const ENV_COLOCATE: &str = "ZMEM_COLOCATE";
+/// Where the SSD tier's log lives (`--ssd`): a directory (an unnamed file there, gone when the
+/// process exits) or a block device; unset: no SSD tier.
+pub const ENV_SSD: &str = "ZMEM_SSD";
+/// Bytes of log space on it (`--ssd-size`); unset: [`DEFAULT_SSD_SIZE`].
+pub const ENV_SSD_SIZE: &str = "ZMEM_SSD_SIZE";
+/// `0`: the log is not encrypted (`--ssd-no-encrypt`); unset or `1`: AES-256-GCM under a key
+/// that lives only in the process.
+pub const ENV_SSD_ENCRYPT: &str = "ZMEM_SSD_ENCRYPT";
 /// Directory where each process writes `<pid>.json` when it exits (set by `zmem run`).
 pub const ENV_REPORT_DIR: &str = "ZMEM_REPORT_DIR";
 /// Directory of the stats sockets (default [`default_socket_dir`]).
@@ -59,7 +67,7 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 16] = [
+pub const ALL_VARS: [&str; 19] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -69,6 +77,9 @@ pub const ALL_VARS: [&str; 16] = [
     ENV_EVICTION,
     ENV_HANDLER_THREADS,
     ENV_COLOCATE,
+    ENV_SSD,
+    ENV_SSD_SIZE,
+    ENV_SSD_ENCRYPT,
     ENV_REPORT_DIR,
     ENV_SOCKET_DIR,
     ENV_ON_ERROR,
@@ -80,6 +91,12 @@ pub const ALL_VARS: [&str; 16] = [
 
 /// The default resident budget when neither `ZMEM_RESIDENT` nor `ZMEM_ADAPTIVE` is set.
 pub const DEFAULT_RESIDENT: u64 = 256 << 20;
+/// The SSD log's default size.
+pub const DEFAULT_SSD_SIZE: u64 = 4 << 30;
+/// With an SSD tier and no store limit, the store may use this fraction of the resident budget
+/// (at least [`MIN_SSD_STORE_LIMIT`]): the tier writes back as the store nears it.
+pub const SSD_STORE_LIMIT_PER_RESIDENT: u64 = 4;
+pub const MIN_SSD_STORE_LIMIT: u64 = 16 << 20;
 /// The heap's default virtual size is this many times the machine's memory (untouched pages
 /// cost nothing but address space).
 pub const DEFAULT_SIZE_PER_RAM: u64 = 4;
@@ -124,6 +141,10 @@ pub struct RunConfig {
     pub eviction: Eviction,
     pub handler_threads: usize,
     pub colocate: bool,
+    /// The SSD tier's log (see [`ENV_SSD`]), its size and whether it is encrypted.
+    pub ssd: Option<PathBuf>,
+    pub ssd_size: Option<u64>,
+    pub ssd_encrypt: bool,
     pub report_dir: Option<PathBuf>,
     pub socket_dir: Option<PathBuf>,
     pub on_error: OnError,
@@ -145,6 +166,9 @@ impl Default for RunConfig {
             eviction: Eviction::Clock,
             handler_threads: 1,
             colocate: true,
+            ssd: None,
+            ssd_size: None,
+            ssd_encrypt: true,
             report_dir: None,
             socket_dir: None,
             on_error: OnError::Fail,
@@ -164,6 +188,19 @@ fn eviction_name(e: Eviction) -> &'static str {
 }
 
 impl RunConfig {
+    /// The store limit in force: the one set, or with an SSD tier (which needs one) a quarter
+    /// of the resident budget, at least [`MIN_SSD_STORE_LIMIT`] (adaptive budgets: 4x that).
+    pub fn effective_store_limit(&self) -> Option<u64> {
+        match (self.store_limit, &self.ssd) {
+            (Some(l), _) => Some(l),
+            (None, None) => None,
+            (None, Some(_)) => Some(match self.resident {
+                Some(r) => (r / SSD_STORE_LIMIT_PER_RESIDENT).max(MIN_SSD_STORE_LIMIT),
+                None => 4 * MIN_SSD_STORE_LIMIT,
+            }),
+        }
+    }
+
     /// Reads the settings through `get` (e.g. `|k| std::env::var(k).ok()`). Unset variables take
     /// their defaults; a set but bad one is an error naming it.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<RunConfig, ConfigError> {
@@ -206,6 +243,13 @@ impl RunConfig {
             None | Some("1") | Some("") => true,
             Some("0") => false,
             Some(v) => return Err(invalid(ENV_COLOCATE, v, "expected 0 or 1")),
+        };
+        c.ssd = get(ENV_SSD).filter(|s| !s.is_empty()).map(PathBuf::from);
+        c.ssd_size = size(ENV_SSD_SIZE)?;
+        c.ssd_encrypt = match get(ENV_SSD_ENCRYPT).as_deref() {
+            None | Some("1") | Some("") => true,
+            Some("0") => false,
+            Some(v) => return Err(invalid(ENV_SSD_ENCRYPT, v, "expected 0 or 1")),
         };
         c.report_dir = get(ENV_REPORT_DIR)
             .filter(|s| !s.is_empty())
@@ -262,6 +306,15 @@ impl RunConfig {
         if !self.colocate {
             v.push((ENV_COLOCATE, "0".into()));
         }
+        if let Some(d) = &self.ssd {
+            v.push((ENV_SSD, d.display().to_string()));
+        }
+        if let Some(s) = self.ssd_size {
+            v.push((ENV_SSD_SIZE, s.to_string()));
+        }
+        if !self.ssd_encrypt {
+            v.push((ENV_SSD_ENCRYPT, "0".into()));
+        }
         if let Some(d) = &self.report_dir {
             v.push((ENV_REPORT_DIR, d.display().to_string()));
         }
@@ -314,6 +367,9 @@ pub struct ProcessStats {
     /// The program's own anonymous mappings served from the region.
     #[serde(default)]
     pub maps: MapStats,
+    /// The SSD tier's log, if any (zram's bd_stat and more).
+    #[serde(default)]
+    pub ssd: Option<zmem_tier::LogStats>,
     /// CPU time spent compressing and decompressing (ns).
     pub codec_cpu_ns: u64,
     /// CPU time of the whole process so far (user + system, ns).
@@ -560,6 +616,23 @@ mod tests {
     }
 
     #[test]
+    fn an_ssd_tier_gets_a_store_limit() {
+        let mut c = RunConfig {
+            resident: Some(256 << 20),
+            ..RunConfig::default()
+        };
+        assert_eq!(c.effective_store_limit(), None);
+        c.ssd = Some("/var/tmp".into());
+        assert_eq!(c.effective_store_limit(), Some(64 << 20));
+        c.resident = Some(32 << 20);
+        assert_eq!(c.effective_store_limit(), Some(MIN_SSD_STORE_LIMIT));
+        c.store_limit = Some(5 << 20);
+        assert_eq!(c.effective_store_limit(), Some(5 << 20));
+        let bad = RunConfig::from_vars(vars(&[(ENV_SSD_ENCRYPT, "yes")]));
+        assert!(matches!(bad, Err(ConfigError::Invalid { var, .. }) if var == ENV_SSD_ENCRYPT));
+    }
+
+    #[test]
     fn defaults_when_nothing_is_set() {
         assert_eq!(
             RunConfig::from_vars(vars(&[])).unwrap(),
@@ -578,6 +651,9 @@ mod tests {
             eviction: Eviction::Fifo,
             handler_threads: 2,
             colocate: false,
+            ssd: Some("/var/tmp".into()),
+            ssd_size: Some(2 << 30),
+            ssd_encrypt: false,
             report_dir: Some("/tmp/r".into()),
             socket_dir: Some("/tmp/s".into()),
             on_error: OnError::Off,

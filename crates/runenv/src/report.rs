@@ -76,6 +76,40 @@ pub fn table(rows: &[&ProcessStats]) -> String {
 }
 
 /// The summary printed on stderr when the program exits.
+/// The SSD tier of a process in one line (zram's bd_stat and the log's own counters), or None
+/// without one.
+pub fn ssd_line(s: &ProcessStats) -> Option<String> {
+    let l = s.ssd.as_ref()?;
+    let st = &s.region.store;
+    let mut how = vec![if l.encrypted {
+        "encrypted"
+    } else {
+        "not encrypted"
+    }];
+    how.push(if l.uring { "io_uring" } else { "pread/pwrite" });
+    if !l.direct {
+        how.push("buffered (no O_DIRECT)");
+    }
+    Some(format!(
+        "zmem: SSD {} pages ({} compressed) of {} log; written back {} pages, read back {}; \
+         device writes {} (write amplification {:.2}), GC moved {} objects, {} segments; \
+         errors {} read, {} write, {} corrupt; {}\n",
+        st.lower_pages,
+        human(st.lower_bytes),
+        human(l.segments * l.segment_size),
+        st.writeback_pages,
+        st.lower_reads,
+        human(l.device_bytes_written),
+        l.write_amplification(),
+        l.gc_moves,
+        l.gc_segments,
+        l.read_errors,
+        l.write_errors,
+        l.corrupt,
+        how.join(", ")
+    ))
+}
+
 pub fn summary(name: &str, r: &RunReport) -> String {
     let s = &r.zmem;
     let mut out = format!(
@@ -103,6 +137,9 @@ pub fn summary(name: &str, r: &RunReport) -> String {
         human(r.peak_dram),
         r.peak_data as f64 / r.peak_dram.max(1) as f64
     );
+    if let Some(l) = ssd_line(s) {
+        out += &l;
+    }
     if s.store_refused() > 0 {
         out += &format!(
             "zmem: the compressed store was full {} times; those pages stayed in DRAM\n",

@@ -137,6 +137,9 @@ impl StoreCore {
             let s = s.with_flag(IDLE, st.has(IDLE));
             inner.count_new(s, 1);
             slot.unlock_with(s, raw);
+            if k == 1 {
+                inner.note_object(index, raw);
+            }
         }
         if k > 1 {
             if missed > 0 && inner.block_adjust(raw, -missed) == 0 {

@@ -32,6 +32,25 @@ pub enum StoreError {
     WritesPending { pages: u64, reason: String },
     #[error("invalid page group: {0}")]
     BadGroup(String),
+    /// The SSD log failed: reading page `index` back (its data is not returned), or a writeback
+    /// (no index; the pages stay in the pool).
+    #[error("{}SSD tier: {source}", index.map(|i| format!("page {i}: ")).unwrap_or_default())]
+    Lower {
+        index: Option<u64>,
+        source: zmem_tier::TierError,
+    },
+}
+
+impl StoreError {
+    /// The page a read failed on, where the error names one whose data is lost (corrupt, or
+    /// unreadable on the SSD tier): the caller poisons that page alone.
+    pub fn lost_page(&self) -> Option<u64> {
+        match self {
+            StoreError::Corrupt { index, .. } => Some(*index),
+            StoreError::Lower { index, .. } => *index,
+            _ => None,
+        }
+    }
 }
 
 impl From<PoolError> for StoreError {
@@ -59,6 +78,9 @@ pub struct StoreConfig {
     /// With `Policy::Auto`: every interval, pages idle since the last pass are recompressed
     /// with the cold codec into blocks (zram's idle recompression).
     pub recompress_interval: Option<Duration>,
+    /// An SSD log below the pool (needs `mem_limit`): cold objects are written back to it as
+    /// the pool nears its limit.
+    pub lower: Option<crate::LowerConfig>,
 }
 
 impl StoreConfig {
@@ -71,6 +93,7 @@ impl StoreConfig {
             dictionary: None,
             engine: EngineConfig::default(),
             recompress_interval: None,
+            lower: None,
         }
     }
 }

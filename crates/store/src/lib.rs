@@ -16,6 +16,7 @@
 
 mod blocks;
 mod config;
+mod lower;
 mod pending;
 mod read;
 mod recompress;
@@ -35,10 +36,12 @@ use zmem_engine::{Engine, Policy};
 use zmem_pool::{Handle, Pool, PoolConfig};
 
 pub use config::{StoreConfig, StoreError};
+pub use lower::{LowerConfig, WritebackStats};
 pub use stats::{RecompressStats, StoreStats};
 
+use lower::Lower;
 use pending::{Latch, Pending};
-use slot::{Slot, State, BLOCK, EMPTY, HUGE, OBJECT, PENDING, SAME};
+use slot::{Slot, State, BLOCK, EMPTY, HUGE, LOWER, OBJECT, PENDING, SAME};
 use stats::Counters;
 
 /// Largest multi-page block, in pages (64 KiB).
@@ -71,13 +74,16 @@ struct Inner {
     /// Pending data whose install failed, retried by flush().
     retry: Mutex<Vec<(u64, Arc<[u8]>)>>,
     last_failure: Mutex<Option<String>>,
+    /// The SSD log below the pool, if any.
+    lower: Option<Lower>,
 }
 
 /// The page store. See the crate docs. Its operations are those of [`StoreCore`], which it
 /// shares with its background recompressor (if any).
 pub struct PageStore {
     core: Arc<StoreCore>,
-    background: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+    /// Background threads (recompressor, SSD writeback) and their stop flags.
+    background: Vec<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
 /// The store's operations.
@@ -126,10 +132,14 @@ impl PageStore {
             mem_limit: cfg.mem_limit,
             ..PoolConfig::default()
         })?;
+        if let Some(l) = &cfg.lower {
+            l.validate(cfg.mem_limit)?;
+        }
         let engine = Engine::new(cfg.engine.clone())?;
         // Zeroed, not written: untouched pages cost no DRAM.
         let slots = Slot::table(cfg.pages as usize);
-        let inner = Arc::new(Inner {
+        // The log's collector reaches the store through a weak reference (it repoints pages).
+        let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| Inner {
             slots,
             pool,
             dict: cfg.dictionary.clone(),
@@ -141,6 +151,10 @@ impl PageStore {
             inflight: Arc::new(Latch::default()),
             retry: Mutex::new(Vec::new()),
             last_failure: Mutex::new(None),
+            lower: cfg
+                .lower
+                .as_ref()
+                .map(|l| Lower::new(l, me.clone() as std::sync::Weak<dyn zmem_tier::Owner>)),
         });
         let core = Arc::new(StoreCore {
             inner,
@@ -148,20 +162,32 @@ impl PageStore {
             policy: cfg.policy,
             block_pages: cfg.block_pages,
         });
-        let background = match (cfg.recompress_interval, cfg.policy.cold_codec()) {
-            (Some(every), Some(codec)) => {
-                Some(StoreCore::spawn_recompressor(core.clone(), codec, every)?)
-            }
-            _ => None,
+        let mut store = PageStore {
+            core,
+            background: Vec::new(),
         };
-        Ok(PageStore { core, background })
+        if let (Some(every), Some(codec)) = (cfg.recompress_interval, cfg.policy.cold_codec()) {
+            let b = StoreCore::spawn_recompressor(store.core.clone(), codec, every)?;
+            store.background.push(b);
+        }
+        if cfg.lower.is_some() {
+            let stop = Arc::new(AtomicBool::new(false));
+            let h = StoreCore::spawn_writeback(store.core.clone(), stop.clone())?;
+            store.background.push((stop, h));
+        }
+        Ok(store)
     }
 }
 
 impl Drop for PageStore {
     fn drop(&mut self) {
-        if let Some((stop, h)) = self.background.take() {
+        for (stop, _) in &self.background {
             stop.store(true, Ordering::Release);
+        }
+        if let Some(l) = self.core.inner.lower.as_ref() {
+            l.kick();
+        }
+        for (_, h) in self.background.drain(..) {
             let _ = h.join();
         }
     }
@@ -247,6 +273,12 @@ impl StoreCore {
             entropy_tries: c.entropy_tries.load(Ordering::Relaxed),
             entropy_wins: c.entropy_wins.load(Ordering::Relaxed),
             not_stored: c.not_stored.load(Ordering::Relaxed),
+            lower_pages: c.lower.load(Ordering::Relaxed),
+            lower_bytes: c.lower_bytes.load(Ordering::Relaxed),
+            lower_reads: c.lower_reads.load(Ordering::Relaxed),
+            lower_errors: c.lower_errors.load(Ordering::Relaxed),
+            writeback_pages: c.writeback_pages.load(Ordering::Relaxed),
+            writeback_bytes: c.writeback_bytes.load(Ordering::Relaxed),
             engine: self.engine.stats(),
             pool,
         }
@@ -266,6 +298,9 @@ impl Drop for StoreCore {
             let (st, aux) = slot.lock();
             self.inner.release(st, aux);
             slot.unlock_with(State::new(EMPTY), 0);
+        }
+        if let Some(l) = self.inner.lower.as_ref() {
+            l.log.unregister(l.owner);
         }
     }
 }
@@ -312,12 +347,23 @@ impl Inner {
                 // SAFETY: the slot owned this strong count (see mark_pending).
                 drop(unsafe { Arc::from_raw(aux as *const Pending) });
             }
+            LOWER => self.release_lower(st, aux),
             _ => {}
         }
         if st.has(HUGE) {
             c.huge.fetch_sub(1, Ordering::Relaxed);
         }
         c.stored.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Allocates an object in the pool; a full pool wakes the SSD writeback, if any, so the
+    /// next write finds room.
+    pub(crate) fn alloc(&self, obj: &[u8]) -> Result<Handle, zmem_pool::PoolError> {
+        let r = self.pool.alloc(obj);
+        if let (Err(zmem_pool::PoolError::LimitExceeded { .. }), Some(l)) = (&r, &self.lower) {
+            l.kick();
+        }
+        r
     }
 
     pub(crate) fn free_handle(&self, raw: u64) {
@@ -329,5 +375,7 @@ impl Inner {
     }
 }
 
+#[cfg(test)]
+mod lower_tests;
 #[cfg(test)]
 mod tests;

@@ -9,7 +9,7 @@ use zmem_codec::{CodecError, PAGE_SIZE};
 use zmem_pool::{Handle, PoolError};
 
 use crate::pending::Pending;
-use crate::slot::{State, BLOCK, IDLE, OBJECT, PENDING, SAME};
+use crate::slot::{State, BLOCK, IDLE, LOWER, OBJECT, PENDING, SAME};
 use crate::{Inner, StoreCore, StoreError, SCRATCH};
 
 impl StoreCore {
@@ -51,6 +51,7 @@ impl StoreCore {
                         Ok(())
                     }
                     OBJECT => inner.decode_object(index, aux, out).map(|_| ()),
+                    LOWER => inner.read_lower(index, st, aux, out),
                     PENDING => {
                         // SAFETY: a PENDING slot owns one strong count of the Arc<Pending>
                         // whose pointer is in aux, and we hold the slot's lock.

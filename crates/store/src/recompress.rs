@@ -187,6 +187,7 @@ impl StoreCore {
                     .with_flag(IDLE, st.has(IDLE));
                 inner.count_new(s, 1);
                 slot.unlock_with(s, handle.to_raw());
+                inner.note_object(index, handle.to_raw());
                 stats.pages_recompressed += 1;
                 stats.bytes_before += u64::from(st.len());
                 stats.bytes_after += len as u64;

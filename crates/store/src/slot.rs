@@ -1,14 +1,14 @@
 //! A page's whole state in 16 bytes: a state word and an auxiliary word.
 //!
 //! ```text
-//! word bits 0..3    kind: EMPTY, SAME, OBJECT, BLOCK, PENDING, LOWER (SSD tier, reserved)
+//! word bits 0..3    kind: EMPTY, SAME, OBJECT, BLOCK, PENDING, LOWER (on the SSD log)
 //!      bit  3       LOCK (per-page lock, like zram's ZRAM_LOCK)
 //!      bit  4       IDLE (set by mark_idle, cleared by any access; drives recompression)
 //!      bit  5       HUGE (stored raw: incompressible)
 //!      bits 8..16   position of this page in its block / pending buffer
 //!      bits 16..24  pages in that block / pending buffer
 //!      bits 24..28  codec id of the object
-//!      bits 32..64  object length in bytes (for OBJECT; the block's length for BLOCK)
+//!      bits 32..64  object length in bytes (for OBJECT and LOWER; the block's length for BLOCK)
 //! aux               SAME: the repeated word; OBJECT/BLOCK: pool handle;
 //!                   PENDING: pointer to the shared uncompressed buffer; LOWER: log location
 //! ```
@@ -24,6 +24,8 @@ pub const SAME: u64 = 1;
 pub const OBJECT: u64 = 2;
 pub const BLOCK: u64 = 3;
 pub const PENDING: u64 = 4;
+/// Written back to the SSD log (`lower`): aux is the object's log location.
+pub const LOWER: u64 = 5;
 
 pub const LOCK: u64 = 1 << 3;
 pub const IDLE: u64 = 1 << 4;
@@ -150,6 +152,11 @@ impl Slot {
     /// A racy look at the state, for scans that lock before acting.
     pub fn peek(&self) -> State {
         State(self.word.load(Ordering::Relaxed))
+    }
+
+    /// A racy look at the aux word, for heuristics that tolerate a stale value.
+    pub fn peek_aux(&self) -> u64 {
+        self.aux.load(Ordering::Relaxed)
     }
 }
 

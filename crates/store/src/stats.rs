@@ -47,6 +47,21 @@ pub struct StoreStats {
     /// Pages offered with `write_if_smaller` that would not have saved memory (not stored).
     #[serde(default)]
     pub not_stored: u64,
+    /// Pages on the SSD tier and their compressed bytes there.
+    #[serde(default)]
+    pub lower_pages: u64,
+    #[serde(default)]
+    pub lower_bytes: u64,
+    /// Pages read back from the SSD tier, and its read or write failures.
+    #[serde(default)]
+    pub lower_reads: u64,
+    #[serde(default)]
+    pub lower_errors: u64,
+    /// Pages (and their compressed bytes) written back from the pool to the SSD tier.
+    #[serde(default)]
+    pub writeback_pages: u64,
+    #[serde(default)]
+    pub writeback_bytes: u64,
     /// Not serialised (the engine's and the pool's own types have no schema).
     #[serde(skip)]
     pub engine: EngineStats,
@@ -80,6 +95,12 @@ pub(crate) struct Counters {
     pub(crate) entropy_tries: AtomicU64,
     pub(crate) entropy_wins: AtomicU64,
     pub(crate) not_stored: AtomicU64,
+    pub(crate) lower: AtomicU64,
+    pub(crate) lower_bytes: AtomicU64,
+    pub(crate) lower_reads: AtomicU64,
+    pub(crate) lower_errors: AtomicU64,
+    pub(crate) writeback_pages: AtomicU64,
+    pub(crate) writeback_bytes: AtomicU64,
     /// Objects decoded (tests check that a block is decoded once per batch).
     pub(crate) decodes: AtomicU64,
 }

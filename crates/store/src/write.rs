@@ -54,7 +54,13 @@ impl StoreCore {
             inner.counters.not_stored.fetch_add(1, Ordering::Relaxed);
             return Ok(false);
         }
-        let handle = inner.pool.alloc(&obj)?;
+        let handle = match inner.alloc(&obj) {
+            // A full pool over an SSD tier: the oldest objects go down now, then retry once.
+            Err(zmem_pool::PoolError::LimitExceeded { .. }) if inner.make_room_now(self) => {
+                inner.alloc(&obj)?
+            }
+            r => r?,
+        };
         let state = State::new(OBJECT)
             .with_object(enc.codec as u8, obj.len())
             .with_flag(HUGE, enc.codec == CodecId::Raw);
@@ -63,6 +69,7 @@ impl StoreCore {
         inner.release(old, aux);
         inner.count_new(state, 1);
         slot.unlock_with(state, handle.to_raw());
+        inner.note_object(index, handle.to_raw());
         Ok(true)
     }
 
@@ -156,7 +163,7 @@ impl StoreCore {
                 self.engine.compress_now(codec, dict, &data)
             })?;
             if enc.codec != CodecId::Raw {
-                block = Some((inner.pool.alloc(&obj)?, enc.codec, obj.len()));
+                block = Some((inner.alloc(&obj)?, enc.codec, obj.len()));
             }
         }
         if let Some((handle, codec, len)) = block {
@@ -186,7 +193,7 @@ impl StoreCore {
                     .compress_now(codec, dict, pages[k])
                     .map_err(StoreError::from)
                     .and_then(|(obj, enc)| {
-                        let h = inner.pool.alloc(&obj)?;
+                        let h = inner.alloc(&obj)?;
                         let st = State::new(OBJECT)
                             .with_object(enc.codec as u8, obj.len())
                             .with_flag(HUGE, enc.codec == CodecId::Raw);
@@ -211,6 +218,7 @@ impl StoreCore {
                 inner.release(old, aux);
                 inner.count_new(state, 1);
                 slot.unlock_with(state, handle.to_raw());
+                inner.note_object(indices[k], handle.to_raw());
             }
         }
         for (k, w) in same[..n].iter().enumerate() {
@@ -351,7 +359,7 @@ impl StoreCore {
             self.inner.dict.as_deref(),
             input,
         )?;
-        let handle = self.inner.pool.alloc(&obj)?;
+        let handle = self.inner.alloc(&obj)?;
         self.inner
             .install(start, input, handle, enc.codec, obj.len());
         Ok(())
@@ -389,7 +397,7 @@ impl Inner {
         let result = c
             .result
             .map_err(StoreError::from)
-            .and_then(|(obj, enc)| Ok((self.pool.alloc(&obj)?, enc.codec, obj.len())));
+            .and_then(|(obj, enc)| Ok((self.alloc(&obj)?, enc.codec, obj.len())));
         match result {
             Ok((handle, codec, len)) => self.install(start, &c.job.input, handle, codec, len),
             Err(e) => {
@@ -427,6 +435,9 @@ impl Inner {
                 .with_flag(HUGE, codec == CodecId::Raw);
             self.count_new(new, 1);
             slot.unlock_with(new, raw);
+            if kind == OBJECT {
+                self.note_object(start + k as u64, raw);
+            }
             installed += 1;
         }
         let left = if n > 1 {

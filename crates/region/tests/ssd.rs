@@ -1,0 +1,94 @@
+//! A region over a store with an SSD tier: pages go from DRAM to the pool to the log and come
+//! back exact; the budget and the store limit hold; a forked child reads its snapshot through
+//! the log too. Skips (with the reason) where /dev/userfaultfd cannot be opened.
+
+use std::sync::Arc;
+
+use zmem_region::{Budget, RegionConfig, PAGE};
+use zmem_store::LowerConfig;
+use zmem_tier::{Log, LogConfig};
+
+mod support;
+use support::*;
+
+fn log(dir: &tempfile::TempDir, size: u64) -> Arc<Log> {
+    let mut cfg = LogConfig::new(dir.path(), size);
+    cfg.segment_size = 256 << 10;
+    Log::open(cfg).unwrap()
+}
+
+fn ssd_region(log: &Arc<Log>, size: u64, budget: u64, store_limit: u64) -> RegionConfig {
+    let mut cfg = RegionConfig::new(size, Budget::Fixed(budget));
+    cfg.store_limit = Some(store_limit);
+    cfg.lower = Some(LowerConfig::new(log.clone()));
+    cfg
+}
+
+#[test]
+fn pages_round_trip_through_the_ssd_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 128 << 20);
+    let Some(r) = region_with(ssd_region(&log, 48 * MIB, 2 * MIB, MIB)) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for version in 1..=2 {
+        for i in 0..pages {
+            fill(page_mut(&r, i), i, version);
+        }
+        // Give the writeback a moment to move the pool's overflow to the log.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        for i in (0..pages).rev() {
+            check(page_mut(&r, i), i, version);
+        }
+    }
+    let s = r.stats();
+    assert!(s.store.writeback_pages > 0, "{:?}", s.store);
+    assert!(s.store.lower_reads > 0, "{:?}", s.store);
+    assert!(s.store.mem_used_total <= MIB, "{:?}", s.store);
+    assert_eq!(s.store.lower_errors, 0);
+    let l = log.stats();
+    assert_eq!(l.corrupt + l.read_errors + l.write_errors, 0, "{l:?}");
+    drop(r);
+    assert_eq!(
+        log.stats().objects,
+        0,
+        "a dropped region frees its log objects"
+    );
+}
+
+#[test]
+fn an_ssd_tier_needs_a_store_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 16 << 20);
+    let mut cfg = ssd_region(&log, 8 * MIB, MIB, MIB);
+    cfg.store_limit = None;
+    let e = cfg.validate().unwrap_err();
+    assert!(e.to_string().contains("store limit"), "{e}");
+}
+
+#[test]
+fn a_forked_child_reads_pages_from_the_ssd_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 64 << 20);
+    let Some(r) = region_with(ssd_region(&log, 24 * MIB, MIB, MIB / 2)) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 3);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(r.stats().store.lower_pages > 0, "{:?}", r.stats().store);
+    // SAFETY: the child only reads the region and exits with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = (0..pages).all(|i| matches(page_mut(&r, i), i, 3));
+        // SAFETY: leaving the child at once.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    wait_for_child(pid);
+    for i in 0..pages {
+        check(page_mut(&r, i), i, 3);
+    }
+}

@@ -1,0 +1,264 @@
+//! The SSD tier under the store: writeback, reads back, discards, the collector's
+//! relocations and the background writeback, against a model of every page.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zmem_tier::{Log, LogConfig};
+
+use super::*;
+
+const PS: usize = PAGE_SIZE;
+
+/// A compressible page unique to (index, version): text with numbers in it.
+fn page(index: u64, version: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(PS + 64);
+    let mut k = 0u64;
+    while v.len() < PS {
+        v.extend_from_slice(
+            format!("page {index} version {version} line {k} of the SSD tier test\n").as_bytes(),
+        );
+        k += 1;
+    }
+    v.truncate(PS);
+    v
+}
+
+fn log(dir: &tempfile::TempDir, size: u64, encrypt: bool) -> Arc<Log> {
+    let mut cfg = LogConfig::new(dir.path(), size);
+    cfg.segment_size = 64 << 10;
+    cfg.encrypt = encrypt;
+    Log::open(cfg).unwrap()
+}
+
+fn store_over(log: &Arc<Log>, pages: u64, limit: u64) -> PageStore {
+    let mut cfg = StoreConfig::new(pages, Policy::Fast);
+    cfg.mem_limit = Some(limit);
+    cfg.lower = Some(LowerConfig::new(log.clone()));
+    PageStore::new(cfg).unwrap()
+}
+
+fn read(s: &PageStore, i: u64) -> Vec<u8> {
+    let mut b = vec![0xAAu8; PS];
+    s.read(i, &mut b).unwrap();
+    b
+}
+
+#[test]
+fn written_back_pages_read_back_exactly_and_leave_the_pool() {
+    for encrypt in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = log(&dir, 32 << 20, encrypt);
+        let s = store_over(&log, 2048, 256 << 20);
+        for i in 0..1000 {
+            s.write(i, &page(i, 0)).unwrap();
+        }
+        let before = s.stats();
+        let w = s.writeback(u64::MAX).unwrap();
+        assert_eq!(
+            w.pages, 1000,
+            "every object is written back (two sweeps of the clock)"
+        );
+        let after = s.stats();
+        assert_eq!(after.lower_pages, 1000);
+        assert_eq!(after.lower_bytes, w.bytes);
+        assert_eq!(after.orig_data_size, before.orig_data_size);
+        assert!(
+            after.mem_used_total < before.mem_used_total / 4,
+            "pool {} -> {}",
+            before.mem_used_total,
+            after.mem_used_total
+        );
+        assert_eq!(log.stats().objects, 1000);
+        for i in 0..1000 {
+            assert_eq!(read(&s, i), page(i, 0), "page {i} encrypt {encrypt}");
+        }
+        assert_eq!(s.stats().lower_reads, 1000);
+        // Nothing is written back twice.
+        assert_eq!(s.writeback(u64::MAX).unwrap().pages, 0);
+    }
+}
+
+#[test]
+fn a_store_without_a_memory_limit_or_a_tier_refuses_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 8 << 20, true);
+    let mut cfg = StoreConfig::new(16, Policy::Fast);
+    cfg.lower = Some(LowerConfig::new(log.clone()));
+    let e = PageStore::new(cfg.clone()).err().unwrap();
+    assert!(e.to_string().contains("memory limit"), "{e}");
+    cfg.mem_limit = Some(1 << 20);
+    cfg.lower.as_mut().unwrap().low_watermark = 0.95;
+    let e = PageStore::new(cfg).err().unwrap();
+    assert!(e.to_string().contains("watermarks"), "{e}");
+    let plain = PageStore::new(StoreConfig::new(16, Policy::Fast)).unwrap();
+    assert!(matches!(plain.writeback(1), Err(StoreError::Config(_))));
+}
+
+#[test]
+fn overwrites_and_discards_free_the_log_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 16 << 20, true);
+    let s = store_over(&log, 512, 64 << 20);
+    for i in 0..300 {
+        s.write(i, &page(i, 0)).unwrap();
+    }
+    s.writeback(u64::MAX).unwrap();
+    assert_eq!(log.stats().objects, 300);
+    for i in 0..100 {
+        s.write(i, &page(i, 1)).unwrap();
+    }
+    s.discard_range(100, 100).unwrap();
+    assert_eq!(log.stats().objects, 100);
+    let st = s.stats();
+    assert_eq!(st.lower_pages, 100);
+    for i in 0..100 {
+        assert_eq!(read(&s, i), page(i, 1));
+    }
+    for i in 100..200 {
+        assert_eq!(read(&s, i), vec![0u8; PS]);
+    }
+    for i in 200..300 {
+        assert_eq!(read(&s, i), page(i, 0));
+    }
+    drop(s);
+    assert_eq!(log.stats().objects, 0, "a dropped store frees its objects");
+}
+
+#[test]
+fn the_collector_repoints_pages_it_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 16 << 20, true);
+    let s = store_over(&log, 4096, 256 << 20);
+    for i in 0..3000 {
+        s.write(i, &page(i, 0)).unwrap();
+    }
+    s.writeback(u64::MAX).unwrap();
+    let segments_used = {
+        let st = log.stats();
+        st.segments - st.segments_free
+    };
+    // Three of every four pages die: every segment is mostly garbage.
+    for i in (0..3000).filter(|i| i % 4 != 0) {
+        s.discard(i).unwrap();
+    }
+    let reclaimed = log.collect(usize::MAX);
+    let st = log.stats();
+    assert!(reclaimed > 0 && st.gc_moves > 0, "{st:?}");
+    assert!(
+        st.segments - st.segments_free < segments_used,
+        "{} segments in use after the collection, {segments_used} before",
+        st.segments - st.segments_free
+    );
+    assert_eq!(st.objects, 750);
+    for i in 0..3000 {
+        let want = if i % 4 == 0 {
+            page(i, 0)
+        } else {
+            vec![0u8; PS]
+        };
+        assert_eq!(read(&s, i), want, "page {i}");
+    }
+}
+
+#[test]
+fn the_background_writeback_makes_room_under_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 64 << 20, true);
+    let limit = 1 << 20;
+    let s = store_over(&log, 16384, limit);
+    let n = 6000u64; // about 6 MiB of compressed pages: far above the limit
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 0..n {
+        loop {
+            match s.write(i, &page(i, 7)) {
+                Ok(()) => break,
+                Err(StoreError::MemoryLimit { .. }) => {
+                    assert!(Instant::now() < deadline, "writeback never made room");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    let st = s.stats();
+    assert!(
+        st.lower_pages > n / 2,
+        "{} pages on the log",
+        st.lower_pages
+    );
+    assert!(st.mem_used_total <= limit);
+    for i in 0..n {
+        assert_eq!(read(&s, i), page(i, 7), "page {i}");
+    }
+}
+
+#[test]
+fn threads_write_read_and_discard_while_the_tier_moves_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 64 << 20, true);
+    let s = Arc::new(store_over(&log, 8192, 2 << 20));
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                // Each thread owns the pages i with i % 3 == t, and keeps their model.
+                let mut model: HashMap<u64, u64> = HashMap::new();
+                let mut x = t + 1;
+                for round in 0..6000u64 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let i = (x % 2700) * 3 + t;
+                    match x % 5 {
+                        0 => {
+                            s.discard(i).unwrap();
+                            model.remove(&i);
+                        }
+                        1 | 2 => match s.write(i, &page(i, round)) {
+                            Ok(()) => {
+                                model.insert(i, round);
+                            }
+                            Err(StoreError::MemoryLimit { .. }) => {
+                                std::thread::sleep(Duration::from_millis(1))
+                            }
+                            Err(e) => panic!("{e}"),
+                        },
+                        _ => {
+                            let want = model.get(&i).map_or(vec![0u8; PS], |&v| page(i, v));
+                            assert_eq!(read(&s, i), want, "page {i}");
+                        }
+                    }
+                    if round % 500 == 0 && t == 0 {
+                        s.writeback(256 << 10).unwrap();
+                    }
+                }
+                model
+            })
+        })
+        .collect();
+    let collector = {
+        let log = log.clone();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        (
+            stop,
+            std::thread::spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    log.collect(4);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }),
+        )
+    };
+    let models: Vec<HashMap<u64, u64>> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+    collector.0.store(true, Ordering::Relaxed);
+    collector.1.join().unwrap();
+    assert!(s.stats().writeback_pages > 0);
+    for m in &models {
+        for (&i, &v) in m {
+            assert_eq!(read(&s, i), page(i, v), "page {i}");
+        }
+    }
+}
