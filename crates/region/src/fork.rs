@@ -218,11 +218,20 @@ impl Shared {
         for (i, st) in inner.state.iter_touched() {
             match st {
                 // Faulting pages still have their store entry (discarded only after mapping).
-                Stored | Faulting => {
-                    parent.store.read(i as u64, &mut page)?;
-                    write_making_room(&*store, i as u64, &page)?;
-                    state.init(i, Stored);
-                }
+                Stored | Faulting => match parent.store.read(i as u64, &mut page) {
+                    Ok(()) => {
+                        write_making_room(&*store, i as u64, &page)?;
+                        state.init(i, Stored);
+                    }
+                    // A page whose only copy is unreadable (corrupt, a failed SSD read) is lost
+                    // for the child too: SIGBUS there when touched, like in the parent, and
+                    // the rest of the snapshot goes on.
+                    Err(e) if e.lost_page() == Some(i as u64) => {
+                        tracing::error!("fork: page {i} cannot be read back for the child: {e}");
+                        state.init(i, Poisoned);
+                    }
+                    Err(e) => return Err(e.into()),
+                },
                 Staged => {
                     let slot = inner.staged[&(i as u32)];
                     // SAFETY: a Staged page's slot holds the moved page until the state

@@ -238,6 +238,11 @@ impl StoreCore {
                     c.lower_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!("writing back to the SSD log failed: {e}");
                 }
+                // Still in the pool: back at the front of the queue, oldest first.
+                let mut q = lower.queue.lock();
+                for p in picks.iter().rev() {
+                    q.push_front((p.index, p.handle));
+                }
                 return Err(StoreError::Lower {
                     index: None,
                     source: e,

@@ -262,3 +262,106 @@ fn threads_write_read_and_discard_while_the_tier_moves_pages() {
         }
     }
 }
+
+/// A store over an in-memory log with injectable faults.
+fn faulty(segments: u32, limit: u64) -> (zmem_tier::MemIo, Arc<Log>, PageStore) {
+    let seg = 64 << 10;
+    let io = zmem_tier::MemIo::new(segments, seg);
+    let mut cfg = LogConfig::new("/nonexistent", u64::from(segments) * seg as u64);
+    cfg.segment_size = seg;
+    cfg.reserve_segments = 1;
+    let log = Log::with_io(cfg, Box::new(io.clone())).unwrap();
+    let s = store_over(&log, 4096, limit);
+    (io, log, s)
+}
+
+#[test]
+fn a_corrupt_object_on_the_log_loses_only_its_page() {
+    let (io, _log, s) = faulty(64, 64 << 20);
+    for i in 0..400 {
+        s.write(i, &page(i, 0)).unwrap();
+    }
+    s.writeback(u64::MAX).unwrap();
+    // Flip one bit inside page 123's object, where the log keeps it.
+    let loc = zmem_tier::Location(s.inner.slots[123].peek_aux());
+    io.flip_bit(loc.segment(), loc.offset() as usize + 7, 3);
+    let mut b = vec![0u8; PS];
+    let e = s.read(123, &mut b).unwrap_err();
+    assert_eq!(e.lost_page(), Some(123), "{e}");
+    assert!(matches!(e, StoreError::Lower { .. }), "{e}");
+    for i in (0..400).filter(|&i| i != 123) {
+        assert_eq!(read(&s, i), page(i, 0), "page {i}");
+    }
+    assert_eq!(s.stats().lower_errors, 1);
+}
+
+#[test]
+fn a_failed_log_write_keeps_the_pages_in_the_pool() {
+    let (io, log, s) = faulty(64, 64 << 20);
+    for i in 0..200 {
+        s.write(i, &page(i, 0)).unwrap();
+    }
+    io.fail_write(1, libc::EIO);
+    let e = s.writeback(u64::MAX).unwrap_err();
+    assert!(matches!(e, StoreError::Lower { index: None, .. }), "{e}");
+    assert!(e.to_string().contains("EIO"), "{e}");
+    assert_eq!(s.stats().lower_pages, 0);
+    assert_eq!(log.stats().objects, 0);
+    for i in 0..200 {
+        assert_eq!(read(&s, i), page(i, 0), "page {i}");
+    }
+    // The next pass writes them: nothing was lost from the queue either.
+    assert_eq!(s.writeback(u64::MAX).unwrap().pages, 200);
+    for i in 0..200 {
+        assert_eq!(read(&s, i), page(i, 0), "page {i}");
+    }
+}
+
+#[test]
+fn a_full_log_leaves_the_rest_in_the_pool() {
+    let (_io, log, s) = faulty(4, 64 << 20);
+    for i in 0..2000 {
+        s.write(i, &page(i, 0)).unwrap();
+    }
+    let e = s.writeback(u64::MAX).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StoreError::Lower {
+                source: zmem_tier::TierError::Full { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let st = s.stats();
+    assert!(st.lower_pages > 0 && st.lower_pages < 2000, "{st:?}");
+    assert_eq!(log.stats().objects, st.lower_pages);
+    for i in 0..2000 {
+        assert_eq!(read(&s, i), page(i, 0), "page {i}");
+    }
+}
+
+#[test]
+fn a_removed_device_fails_reads_of_its_pages_only() {
+    let (io, _log, s) = faulty(64, 64 << 20);
+    for i in 0..100 {
+        s.write(i, &page(i, 0)).unwrap();
+    }
+    s.writeback(u64::MAX).unwrap();
+    for i in 100..150 {
+        s.write(i, &page(i, 0)).unwrap();
+    }
+    io.remove();
+    for i in 0..100 {
+        let mut b = vec![0u8; PS];
+        let e = s.read(i, &mut b).unwrap_err();
+        assert_eq!(e.lost_page(), Some(i), "{e}");
+    }
+    for i in 100..150 {
+        assert_eq!(read(&s, i), page(i, 0), "page {i} is still in the pool");
+    }
+    // Writing a lost page again makes it whole (its dead log copy is freed).
+    s.write(5, &page(5, 9)).unwrap();
+    assert_eq!(read(&s, 5), page(5, 9));
+}
