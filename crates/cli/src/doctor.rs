@@ -4,7 +4,7 @@
 //!
 //! Items `zmem run` cannot work without are FAIL when missing and make the exit status 1; the
 //! rest (PSI for `--adaptive`, the cgroup memory controller and zram for the benchmarks'
-//! kernel side, io_uring for the coming SSD tier) are WARN and do not. The checks read the
+//! kernel side, io_uring for the SSD tier) are WARN and do not. The checks read the
 //! machine through [`Probes`] (paths and functions), so tests can simulate a machine that lacks
 //! any of them.
 
@@ -261,12 +261,12 @@ pub fn checks(p: &Probes) -> Vec<Check> {
         Ok(()) => ok(
             "io_uring",
             false,
-            "available (for the SSD tier, coming)".into(),
+            "available (the SSD tier writes and reads through it)".into(),
         ),
         Err(e) => bad(
             "io_uring",
             false,
-            format!("io_uring_setup failed: {e}; the SSD tier (coming) will use plain I/O"),
+            format!("io_uring_setup failed: {e}; the SSD tier (`zmem run --ssd`) uses pread/pwrite instead"),
             "`sysctl kernel.io_uring_disabled=0` (or 1 and add the user to kernel.io_uring_group)",
         ),
     });
