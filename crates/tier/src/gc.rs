@@ -155,11 +155,6 @@ impl Log {
         self.collect_by(max_segments, Mode::Now)
     }
 
-    #[doc(hidden)]
-    pub fn experiment_collect(&self, max_segments: usize, ahead: bool) -> usize {
-        self.collect_by(max_segments, if ahead { Mode::Ahead } else { Mode::Now })
-    }
-
     pub(crate) fn collect_by(&self, max_segments: usize, mode: Mode) -> usize {
         let _g = self.gc_lock.lock();
         // What this collection writes is not collected again by it.
@@ -255,9 +250,15 @@ impl Log {
             need += more;
             out.push(seg);
         }
-        // New segments the live objects fill (a header's fixed part each, and some slack for
-        // objects that do not fit the end of one).
-        let usable = self.seg_size - header_len(0) - self.seg_size / 16;
+        // New segments the live objects fill: a header's fixed part each, and the end of each
+        // but the last left empty by an object that does not fit there (two average objects
+        // of slack).
+        let objects: u32 = out
+            .iter()
+            .map(|&v| self.segs[v as usize].live_count.load(Ordering::Relaxed))
+            .sum();
+        let slack = 2 * need / (objects as usize).max(1);
+        let usable = self.seg_size - header_len(0) - slack.min(self.seg_size / 4);
         if need.div_ceil(usable) >= out.len() || (mode == Mode::Ahead && need < usable) {
             return Vec::new();
         }
@@ -311,7 +312,9 @@ impl Log {
                 }
             }
             if self.read_ranges(v, vbuf.as_mut_slice(), &ranges).is_err() {
+                // Not retried pass after pass: left alone until its objects are freed.
                 self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                s.stuck.store(true, Ordering::Relaxed);
                 continue;
             }
             let buf = vbuf.as_mut_slice();
@@ -443,7 +446,10 @@ impl Log {
             );
             let generation = self.next_generation();
             let mut buf = self.buffer();
-            let len = self.fill(buf.as_mut_slice(), seg, generation, &objs, &l.offsets);
+            // (The layout takes them all: destinations were filled by the same arithmetic.
+            // Were it otherwise, the ones left out would simply not move.)
+            let objs = &objs[..l.offsets.len()];
+            let len = self.fill(buf.as_mut_slice(), seg, generation, objs, &l.offsets);
             placed.push((seg, generation, len, l.offsets));
             bufs.push(buf);
         }
@@ -465,7 +471,12 @@ impl Log {
         // Destinations beyond the free segments found are not written.
         let mut out = Vec::new();
         for (d, (seg, generation, len, offsets)) in dests.iter().zip(placed) {
-            let lens = d.objects.iter().map(|&i| moved[i].len as u32).collect();
+            let lens = d
+                .objects
+                .iter()
+                .take(offsets.len())
+                .map(|&i| moved[i].len as u32)
+                .collect();
             for (&i, &o) in d.objects.iter().zip(&offsets) {
                 out.push((i, Location::new(seg, o)));
             }

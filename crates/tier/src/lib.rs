@@ -13,6 +13,12 @@
 //!
 //! Everything here may run on zmem's own threads (fault handlers, the writeback, the collector):
 //! errors carry [`Errno`]s, never `std::io::Error` text (see zmem_os::errno).
+//!
+//! Modules: `log` (the log: segments' liveness, write / read / free), `gc` (the collector and
+//! its thread), `segment` (the on-disk format), `seal` (AES-256-GCM or crc32, the key), `io`
+//! (the [`SegmentIo`] trait, the file / block-device backend), `uring` (io_uring batches),
+//! `memio` ([`MemIo`], an in-memory device with injectable faults, for tests). The format and
+//! the measurements behind the choices are in the crate's README.md.
 
 mod gc;
 mod io;
@@ -87,8 +93,11 @@ pub struct LogConfig {
     pub segment_size: usize,
     /// Seal every object with AES-256-GCM under a per-process random key (default true).
     pub encrypt: bool,
-    /// The collector takes segments whose live bytes are below this fraction of the segment
-    /// (default 0.5), most garbage first, when free segments run low.
+    /// The collector takes only segments whose live bytes are below this fraction of the
+    /// segment (default 0.5), when free segments run low: a hard limit on the copying (write
+    /// amplification stays near 1 / (1 - threshold)), at the price of `TierError::Full` when no
+    /// segment is that empty. Ahead of need it ranks them by cost-benefit, for a waiting
+    /// writer least live first (see gc.rs).
     pub gc_threshold: f64,
     /// Free segments the collector keeps in reserve (default 4); a write that would use the
     /// last of them runs a collection first.

@@ -131,6 +131,8 @@ enum Fail {
 
 /// Segment-sized write buffers kept for reuse.
 const KEEP_BUFFERS: usize = 4;
+/// Segments one write call writes (and holds buffers for) at once.
+const WRITE_BATCH: usize = 8;
 /// Segments a write that finds only the reserve left asks the collector to reclaim.
 const COLLECT_ON_WRITE: usize = 4;
 
@@ -319,8 +321,42 @@ impl Log {
             groups.push((i, l.offsets));
             i += n;
         }
+        // At most WRITE_BATCH segments (and their buffers) at a time; on an error, what this
+        // call wrote before is freed again.
+        let mut locs = Vec::with_capacity(objects.len());
+        for chunk in groups.chunks(WRITE_BATCH) {
+            match self.write_segments(owner, objects, chunk) {
+                Ok(l) => locs.extend(l),
+                Err(e) => {
+                    for l in locs {
+                        self.free(l);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let c = &self.counters;
+        add(&c.objects_written, objects.len() as u64);
+        add(
+            &c.bytes_written,
+            objects.iter().map(|(_, b)| b.len() as u64).sum(),
+        );
+        if self.free_segments() <= 2 * self.cfg.reserve_segments {
+            self.kick();
+        }
+        Ok(locs)
+    }
+
+    /// Writes the segments laid out in `groups` (first object, offsets) in one batch and
+    /// publishes them; on an error nothing of them is published.
+    fn write_segments(
+        &self,
+        owner: OwnerId,
+        objects: &[(u64, &[u8])],
+        groups: &[(usize, Vec<u32>)],
+    ) -> Result<Vec<Location>, TierError> {
         let mut segs = Vec::with_capacity(groups.len());
-        for _ in &groups {
+        for _ in groups {
             match self.take_for_write() {
                 Some(s) => segs.push(s),
                 None => {
@@ -353,15 +389,15 @@ impl Log {
             .collect();
         let r = self.io.write_segments(&batch);
         drop(batch);
+        self.put_buffers(bufs);
         if let Err(e) = r {
             add(&self.counters.write_errors, 1);
             for s in segs {
                 self.release_open(s);
             }
-            self.put_buffers(bufs);
             return Err(e);
         }
-        let mut locs = Vec::with_capacity(objects.len());
+        let mut locs = Vec::new();
         let c = &self.counters;
         for ((start, offsets), &(seg, generation, len)) in groups.iter().zip(&placed) {
             let lens: Vec<u32> = objects[*start..*start + offsets.len()]
@@ -372,15 +408,6 @@ impl Log {
             self.install(seg, generation, offsets.clone(), lens);
             add(&c.device_bytes_written, len as u64);
             add(&c.segment_writes, 1);
-        }
-        add(&c.objects_written, objects.len() as u64);
-        add(
-            &c.bytes_written,
-            objects.iter().map(|(_, b)| b.len() as u64).sum(),
-        );
-        self.put_buffers(bufs);
-        if self.free_segments() <= 2 * self.cfg.reserve_segments {
-            self.kick();
         }
         Ok(locs)
     }

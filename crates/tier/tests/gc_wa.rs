@@ -1,38 +1,36 @@
-//! Write amplification of the collector under random overwrites at 80% live data.
+//! Write amplification of the collector under random overwrites at 80% live data: the log is
+//! filled to 80% of its capacity with objects of 1-3 KiB (compressed pages), then pages are
+//! rewritten (the old copy freed, the new one written) in batches that fill a segment, as a
+//! store writes back. WA = device bytes / owner bytes over the rewrite phase (LogStats). The
+//! collector is the log's own (the background thread, and writers collecting when only the
+//! reserve is left).
+//!
+//! A write the log refuses (`Full`) drops its pages from the log, as a store keeps them in
+//! DRAM; they come back the next time they are rewritten.
 
 mod common;
 
 use common::*;
+use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use zmem_tier::{LogConfig, TierError};
 
 struct Run {
     wa: f64,
-    full: u64,
-    moves: u64,
+    batches: u64,
+    refused: u64,
 }
 
-/// Fills the log to `live` of its capacity with objects of 1-3 KiB, then overwrites pages
-/// picked by `pick` in batches of about 7/8 of a segment (as the store writes back), for
-/// `rounds` times the live set. WA is measured over the overwrite phase only.
-fn run(
-    cfg: LogConfig,
-    segments: u32,
-    live: f64,
-    rounds: f64,
-    pick: &dyn Fn(&mut rand::rngs::StdRng, u64) -> u64,
-    drive: bool,
-) -> Run {
+fn run(threshold: f64, pick: &dyn Fn(&mut StdRng, u64) -> u64) -> Run {
+    const SEGMENTS: u32 = 512;
+    let mut cfg: LogConfig = cfg(256 << 10, true);
+    cfg.gc_threshold = threshold;
+    cfg.reserve_segments = 4;
     let seg = cfg.segment_size;
-    let reserve = cfg.reserve_segments;
-    let (log, _io) = mem_log_cfg(cfg, segments);
+    let (log, _io) = mem_log_cfg(cfg, SEGMENTS);
     let c = Client::new(&log);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let capacity = segments as u64 * seg as u64;
-    let target = (capacity as f64 * live) as u64;
-    // A batch fills one segment: payload + tag + padding + header entry per object.
-    let cost = |n: usize| (n + 16).div_ceil(16) * 16 + 24;
-    let room = seg - 48;
+    let mut rng = StdRng::seed_from_u64(7);
+    let target = (u64::from(SEGMENTS) * seg as u64) * 8 / 10;
     let mut sizes: Vec<usize> = Vec::new();
     let mut total = 0u64;
     while total < target {
@@ -42,33 +40,31 @@ fn run(
     }
     let pages = sizes.len() as u64;
     let mut version = vec![0u64; pages as usize];
-    let write_batch = |list: &[u64], version: &[u64]| -> Result<(), TierError> {
+    // What one object costs in a segment: payload + tag, padded, + its header entry.
+    let cost = |n: usize| (n + 16).div_ceil(16) * 16 + 24;
+    let room = seg - 48;
+    let write = |list: &[u64], version: &[u64]| -> Result<(), TierError> {
         let batch: Vec<(u64, Vec<u8>)> = list
             .iter()
             .map(|&i| (i, page(i, version[i as usize], sizes[i as usize])))
             .collect();
         c.write(&batch)
     };
-    // Fill.
-    let mut i = 0u64;
-    while i < pages {
+    let mut next = 0u64;
+    while next < pages {
         let mut list = Vec::new();
         let mut b = 0;
-        while i < pages && b + cost(sizes[i as usize]) <= room {
-            list.push(i);
-            b += cost(sizes[i as usize]);
-            i += 1;
+        while next < pages && b + cost(sizes[next as usize]) <= room {
+            list.push(next);
+            b += cost(sizes[next as usize]);
+            next += 1;
         }
-        write_batch(&list, &version).expect("the live set fits");
+        write(&list, &version).expect("the live set fits");
     }
     let start = log.stats();
-    let mut full = 0u64;
-    let mut written = 0u64;
-    let goal = (target as f64 * rounds) as u64;
-    while written < goal {
-        let mut list = Vec::new();
-        let mut b = 0;
-        let mut bytes = 0;
+    let (mut written, mut batches, mut refused) = (0u64, 0u64, 0u64);
+    while written < 2 * target {
+        let (mut list, mut b, mut bytes) = (Vec::new(), 0, 0);
         loop {
             let p = pick(&mut rng, pages);
             if list.contains(&p) {
@@ -79,30 +75,18 @@ fn run(
             }
             list.push(p);
             b += cost(sizes[p as usize]);
-            bytes += sizes[p as usize];
+            bytes += sizes[p as usize] as u64;
         }
         for &p in &list {
             version[p as usize] += 1;
         }
-        let low = 2 * reserve as u64 + 1;
-        while log.stats().segments_free <= low {
-            if !drive || log.experiment_collect(8, true) == 0 {
-                break;
-            }
-        }
-        match write_batch(&list, &version) {
-            Ok(()) => written += bytes as u64,
+        batches += 1;
+        match write(&list, &version) {
+            Ok(()) => written += bytes,
             Err(TierError::Full { .. }) => {
-                // The store keeps such pages in DRAM; here they are dropped from the log.
-                full += 1;
+                refused += 1;
                 for &p in &list {
                     c.discard(p);
-                }
-                // Put them back later, once collected.
-                log.collect(8);
-                let back: Vec<u64> = list.clone();
-                if write_batch(&back, &version).is_err() {
-                    full += 1;
                 }
             }
             Err(e) => panic!("{e}"),
@@ -110,21 +94,20 @@ fn run(
     }
     let end = log.stats();
     c.check_all();
-    let user = end.bytes_written - start.bytes_written;
-    let dev = end.device_bytes_written - start.device_bytes_written;
     Run {
-        wa: dev as f64 / user as f64,
-        full,
-        moves: end.gc_moves - start.gc_moves,
+        wa: (end.device_bytes_written - start.device_bytes_written) as f64
+            / (end.bytes_written - start.bytes_written) as f64,
+        batches,
+        refused,
     }
 }
 
-fn uniform(r: &mut rand::rngs::StdRng, n: u64) -> u64 {
+fn uniform(r: &mut StdRng, n: u64) -> u64 {
     r.random_range(0..n)
 }
 
-/// 90% of overwrites go to 10% of the pages (hot data is rewritten, cold data stays).
-fn hot_cold(r: &mut rand::rngs::StdRng, n: u64) -> u64 {
+/// 90% of the rewrites go to 10% of the pages.
+fn hot_cold(r: &mut StdRng, n: u64) -> u64 {
     let hot = (n / 10).max(1);
     if r.random_bool(0.9) {
         r.random_range(0..hot)
@@ -133,27 +116,39 @@ fn hot_cold(r: &mut rand::rngs::StdRng, n: u64) -> u64 {
     }
 }
 
-fn cfg_wa(threshold: f64) -> LogConfig {
-    let mut c = cfg(256 << 10, true);
-    c.gc_threshold = threshold;
-    c.reserve_segments = 4;
-    c
+fn report(name: &str, threshold: f64, r: &Run) {
+    eprintln!(
+        "{name}, gc_threshold {threshold}: WA {:.3}, {} of {} batches refused (Full)",
+        r.wa, r.refused, r.batches
+    );
 }
 
 #[test]
-fn write_amplification_at_80_percent_live() {
-    for (name, pick) in [
-        ("uniform", &uniform as &dyn Fn(&mut _, u64) -> u64),
-        ("hot/cold 90/10", &hot_cold),
-    ] {
-        for thr in [1.0] {
-            for drive in [false] {
-                let r = run(cfg_wa(thr), 512, 0.8, 3.0, pick, drive);
-                eprintln!(
-                    "{name:16} threshold {thr} test-driven {drive}: WA {:.3}, full {}, gc moves {}",
-                    r.wa, r.full, r.moves
-                );
-            }
-        }
-    }
+fn skewed_rewrites_at_80_percent_live_stay_under_2() {
+    // The collector free to take any segment: cost-benefit keeps hot and cold apart.
+    let r = run(1.0, &hot_cold);
+    report("hot/cold 90/10", 1.0, &r);
+    assert!(r.wa <= 2.0, "WA {:.3}", r.wa);
+    assert!(r.refused * 100 <= r.batches, "at most 1% refused");
+    // The default threshold bounds WA by construction (victims at most half live), at the
+    // price of refusing writes when no segment is that empty.
+    let r = run(0.5, &hot_cold);
+    report("hot/cold 90/10", 0.5, &r);
+    assert!(r.wa <= 2.0, "WA {:.3}", r.wa);
+}
+
+#[test]
+fn uniform_rewrites_at_80_percent_live() {
+    // Uniform random rewrites at 80% live have no cold data to leave alone: any cleaner's
+    // victims sit near the mean live fraction (an LFS/greedy model gives about 0.7 at this
+    // occupancy, with the log's per-object overhead and reserve: WA = 1 / (1 - 0.7) ~ 3.3).
+    let r = run(1.0, &uniform);
+    report("uniform", 1.0, &r);
+    assert!(r.wa <= 3.6, "WA {:.3}", r.wa);
+    assert!(r.refused * 50 <= r.batches, "at most 2% refused");
+    // With the default threshold WA stays near 2 (victims under half live; tags, headers and
+    // padding add ~2-4%) and the log refuses what it cannot place that cheaply.
+    let r = run(0.5, &uniform);
+    report("uniform", 0.5, &r);
+    assert!(r.wa <= 2.1, "WA {:.3}", r.wa);
 }

@@ -79,7 +79,7 @@ fn too_large_objects_are_refused_and_nothing_is_written() {
     let c = Client::new(&log);
     let max = log.max_object();
     let big = vec![1u8; max + 1];
-    let small = vec![2u8; 10];
+    let small = [2u8; 10];
     let e = log
         .write(c.id, &[(1, &small[..]), (2, &big[..])])
         .unwrap_err();
@@ -350,6 +350,22 @@ fn a_failure_in_a_multi_segment_write_writes_nothing() {
     assert_eq!(st.segments_free, 16);
     c.write(&pages).unwrap();
     assert!(log.stats().segment_writes >= 5);
+    c.check_all();
+    // A call larger than one batch of segments (8): the second batch fails, the first one's
+    // objects are freed again.
+    let (log, io) = mem_log(32, true);
+    let c = Client::new(&log);
+    let pages: Vec<(u64, Vec<u8>)> = (0..330).map(|i| (i, page(i, 0, 2000))).collect();
+    io.fail_write(10, libc::EIO);
+    assert!(c.write(&pages).is_err());
+    log.collect(100);
+    let st = log.stats();
+    assert_eq!((st.objects, st.live_bytes, st.segments_free), (0, 0, 32));
+    assert!(
+        st.segment_writes >= 8,
+        "the first batch was written: {st:?}"
+    );
+    c.write(&pages).unwrap();
     c.check_all();
 }
 
