@@ -164,12 +164,12 @@ impl StoreCore {
         })?;
         let _one = lower.busy.lock();
         let mut stats = WritebackStats::default();
-        let batch_bytes = (lower.log.config().segment_size as u64 * 7 / 8).max(1);
+
         let before = self.inner.pool.stats().mem_used_total;
         let mut result = Ok(());
         while stats.bytes < max_bytes {
-            let want = batch_bytes.min(max_bytes - stats.bytes);
-            match self.writeback_batch(lower, want as usize) {
+            let want = max_bytes - stats.bytes;
+            match self.writeback_batch(lower, want) {
                 Ok((0, _)) => break,
                 Ok((pages, bytes)) => {
                     stats.pages += pages;
@@ -189,14 +189,18 @@ impl StoreCore {
         result.map(|()| stats)
     }
 
-    /// Picks up to `want` bytes of cold objects, writes them to the log and repoints their
-    /// pages. Returns the pages and bytes moved (0 pages: nothing cold enough is left).
-    fn writeback_batch(&self, lower: &Lower, want: usize) -> Result<(u64, u64), StoreError> {
+    /// Picks the oldest objects, as many as fill one segment of the log (or `want` bytes),
+    /// writes them and repoints their pages. Returns the pages and bytes moved (0 pages: the
+    /// queue is empty).
+    fn writeback_batch(&self, lower: &Lower, want: u64) -> Result<(u64, u64), StoreError> {
         let inner = &self.inner;
-        let max_object = lower.log.max_object();
-        let mut data = Vec::with_capacity(want);
+        let log = &lower.log;
+        let max_object = log.max_object();
+        let room = log.segment_space();
+        let mut used = 0;
+        let mut data = Vec::with_capacity(room);
         let mut picks: Vec<Pick> = Vec::new();
-        while data.len() < want {
+        while (data.len() as u64) < want {
             let Some((index, handle)) = lower.queue.lock().pop_front() else {
                 break;
             };
@@ -206,6 +210,14 @@ impl StoreCore {
                 slot.unlock_keep(st, 0);
                 continue;
             }
+            let space = log.object_space(st.len() as usize);
+            if used + space > room && !picks.is_empty() {
+                // The segment is full: this one leads the next batch.
+                slot.unlock_keep(st, 0);
+                lower.queue.lock().push_front((index, handle));
+                break;
+            }
+            used += space;
             let start = data.len();
             let copied = Handle::from_raw(aux)
                 .map(|h| inner.pool.with_object(h, |obj| data.extend_from_slice(obj)));

@@ -71,6 +71,16 @@ fn written_back_pages_read_back_exactly_and_leave_the_pool() {
             after.mem_used_total
         );
         assert_eq!(log.stats().objects, 1000);
+        // Batches fill whole segments: one partly filled segment at most.
+        let space: usize = (0..1000)
+            .map(|i| log.object_space(s.inner.slots[i].peek().len() as usize))
+            .sum();
+        let segments = log.stats().segment_writes as usize;
+        assert!(
+            segments <= space.div_ceil(log.segment_space()),
+            "{segments} segments for {space} bytes of objects ({} per segment)",
+            log.segment_space()
+        );
         for i in 0..1000 {
             assert_eq!(read(&s, i), page(i, 0), "page {i} encrypt {encrypt}");
         }

@@ -280,6 +280,23 @@ impl Log {
         &self.cfg
     }
 
+    /// Bytes of one segment that objects may fill, counting each as [`object_space`]: a
+    /// writer that batches objects up to this fills whole segments (a partly filled segment
+    /// is written whole all the same, and its empty tail is garbage from the start).
+    ///
+    /// [`object_space`]: Log::object_space
+    pub fn segment_space(&self) -> usize {
+        // The header grows by ENTRY per object (counted in object_space) and is padded to
+        // OBJECT_ALIGN: at most OBJECT_ALIGN - 1 more than header_len(0) + n * ENTRY.
+        self.seg_size - header_len(0) - (segment::OBJECT_ALIGN - 1)
+    }
+
+    /// Bytes an object of `len` payload bytes takes in a segment: its sealed bytes, padding
+    /// and header entry.
+    pub fn object_space(&self, len: usize) -> usize {
+        extent(len + self.sealer.overhead()) + ENTRY
+    }
+
     /// Writes objects `(page index, bytes)` of one owner, packed into new segments (several
     /// if needed, written in one batch); returns their locations in order once the segments
     /// are on the device. On an error nothing is written. Empty input: Ok(empty).
