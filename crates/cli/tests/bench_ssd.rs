@@ -351,19 +351,23 @@ impl Scene {
         read_json(&self.prefix().with_extension("json"))
     }
 
-    /// A [`SMALL`] run of `side` that succeeds, leaves the machine as found, and runs the three
-    /// workloads of --quick (256 B and 4 KiB objects at 80:20, the bloom filter), each verified:
-    /// (the JSON, stdout, stderr).
-    fn small_run(&self, side: &str) -> (serde_json::Value, String, String) {
-        let run = self.run(&[SMALL, &["--sides", side]]);
+    /// A [`SMALL`] run of `side` (and `extra` flags) that succeeds, leaves the machine as found,
+    /// and runs `runs` workloads, each verified: (the JSON, stdout, stderr).
+    fn small_run(
+        &self,
+        side: &str,
+        extra: &[&str],
+        runs: usize,
+    ) -> (serde_json::Value, String, String) {
+        let run = self.run(&[SMALL, &["--sides", side], extra]);
         let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
         assert!(run.status.success(), "{stdout}\n{stderr}");
         self.assert_restored(&stderr);
         let doc = self.json();
-        let runs = doc["runs"].as_array().unwrap();
-        assert_eq!(runs.len(), 3, "{doc}");
-        for r in runs {
+        let list = doc["runs"].as_array().unwrap();
+        assert_eq!(list.len(), runs, "{doc}");
+        for r in list {
             assert_eq!(r["outcome"], "ok", "{r}");
             assert_eq!(r["verified"], true, "{r}");
             assert_eq!(u(&r["report"]["verify"]["failures"]), 0);
@@ -377,7 +381,8 @@ fn the_quick_kernel_side_runs_and_restores_swap_and_cgroups() {
     let Some(sc) = Scene::new() else {
         return;
     };
-    let (doc, stdout, stderr) = sc.small_run("kernel");
+    // --quick: 256 B and 4 KiB objects at 80:20, and the bloom filter.
+    let (doc, stdout, stderr) = sc.small_run("kernel", &[], 3);
     assert!(
         stderr.contains("swapon ") && stderr.contains("removed swap file"),
         "{stderr}"
@@ -415,7 +420,7 @@ fn the_quick_kernel_side_runs_and_restores_swap_and_cgroups() {
     assert!(txt.starts_with("$ ") && txt.contains("bloom"), "{txt}");
     let svg = std::fs::read_to_string(sc.prefix().with_extension("svg")).unwrap();
     assert!(
-        svg.contains("kernel-swap") && svg.contains("objects 256 80:20"),
+        svg.contains("kernel-swap") && svg.contains("objects 256B 80:20"),
         "{svg}"
     );
 }
@@ -478,20 +483,25 @@ fn an_interrupted_driver_stops_its_worker_and_restores_the_machine() {
     assert!(!sc.prefix().with_extension("json").exists());
 }
 
-#[test]
-fn the_zmem_side_runs_with_the_ssd_tier() {
+/// Whether `zmem run` has the SSD tier's flags and can run programs here; prints why not.
+fn zmem_side_possible() -> bool {
     let help = String::from_utf8_lossy(&zmem(&["run", "--help"]).stdout).into_owned();
     if !help.contains("--ssd ") || !help.contains("--ssd-size") {
         eprintln!("skipped: `zmem run` has no --ssd/--ssd-size yet (the SSD tier's flags)");
-        return;
+        return false;
     }
-    if !ready(Skip::PermissionOnly) {
+    ready(Skip::PermissionOnly)
+}
+
+#[test]
+fn the_zmem_side_runs_the_objects_on_the_ssd_tier() {
+    if !zmem_side_possible() {
         return;
     }
     let Some(sc) = Scene::new() else {
         return;
     };
-    let (doc, _, _) = sc.small_run("zmem");
+    let (doc, _, _) = sc.small_run("zmem", &["--workloads", "objects"], 2);
     for r in doc["runs"].as_array().unwrap() {
         assert_eq!(r["side"], "zmem");
         let z = &r["zmem"];
@@ -499,5 +509,34 @@ fn the_zmem_side_runs_with_the_ssd_tier() {
         assert_eq!(z["encrypt"], true);
         assert!(z["log_dir_leftovers"].as_array().unwrap().is_empty());
         assert!(z["ssd"].is_object(), "no ssd statistics: {r}");
+        assert!(u(&z["ssd"]["device_bytes_written"]) > 0, "{r}");
+    }
+}
+
+#[test]
+fn a_zmem_run_that_keeps_its_pages_in_dram_is_no_result() {
+    if !zmem_side_possible() {
+        return;
+    }
+    let Some(sc) = Scene::new() else {
+        return;
+    };
+    // A bloom filter's bits do not compress: zmem either writes them to the log (a result) or
+    // keeps them in DRAM beyond --dram, which the bench must refuse to count.
+    let run = sc.run(&[SMALL, &["--sides", "zmem", "--workloads", "bloom"]]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    sc.assert_restored(&stderr);
+    let doc = sc.json();
+    let r = &doc["runs"][0];
+    assert_eq!(u(&r["report"]["verify"]["failures"]), 0, "{r}");
+    if run.status.success() {
+        assert_eq!(r["verified"], true, "{r}");
+        assert!(u(&r["zmem"]["ssd"]["device_bytes_written"]) > 0, "{r}");
+    } else {
+        assert_eq!(r["verified"], false, "{r}");
+        let problems = r["problems"].to_string();
+        assert!(problems.contains("the run measured DRAM"), "{r}");
+        assert!(stderr.contains("the run measured DRAM"), "{stderr}");
+        assert_eq!(doc["summary"][0]["sides"][0]["verified"], false);
     }
 }

@@ -116,6 +116,19 @@ impl RunRecord {
             }
         }
         if let Some(z) = &zmem {
+            let kept = z.incompressible_kept.unwrap_or(0) * 4096;
+            if kept > 0 {
+                let msg = format!(
+                    "{} of pages that did not compress stayed in DRAM outside zmem's budget",
+                    format_mib(kept)
+                );
+                // More than an eighth of --dram beside it: not the same DRAM any more.
+                if kept > (z.resident + z.store_limit) / 8 {
+                    problems.push(format!("{msg}: the run measured DRAM"));
+                } else {
+                    notes.push(msg);
+                }
+            }
             if !z.log_dir_leftovers.is_empty() {
                 problems.push(format!(
                     "the log's directory {} held {:?} after the run (the log must be unnamed)",
@@ -124,10 +137,7 @@ impl RunRecord {
             }
             match (&z.ssd, &z.stats_error) {
                 (Some(ssd), _) => {
-                    let written = ["device_bytes_written", "bytes_written"]
-                        .iter()
-                        .find_map(|k| ssd.get(*k).and_then(|v| v.as_u64()));
-                    if outcome == "ok" && written == Some(0) {
+                    if outcome == "ok" && z.ssd_u64("device_bytes_written") == Some(0) {
                         problems.push(
                             "nothing was written to the SSD log: the run measured DRAM".into(),
                         );
@@ -179,6 +189,32 @@ impl RunRecord {
         })
     }
 
+    /// Bytes written to the disk: the kernel's swap-outs (the whole machine's pswpout), zmem's
+    /// log writes (whole segments, the collector's included).
+    pub fn disk_written(&self) -> Option<u64> {
+        match (&self.kernel, &self.zmem) {
+            (Some(k), _) => Some(k.pswpout * 4096),
+            (_, Some(z)) => z.ssd_u64("device_bytes_written"),
+            _ => None,
+        }
+    }
+
+    /// Bytes read from the disk: swap-ins, or the log's reads.
+    pub fn disk_read(&self) -> Option<u64> {
+        match (&self.kernel, &self.zmem) {
+            (Some(k), _) => Some(k.pswpin * 4096),
+            (_, Some(z)) => z.ssd_u64("device_bytes_read"),
+            _ => None,
+        }
+    }
+
+    /// zmem's log: bytes written to the device per byte of objects written.
+    pub fn write_amplification(&self) -> Option<f64> {
+        let z = self.zmem.as_ref()?;
+        let user = z.ssd_u64("bytes_written").filter(|&b| b > 0)?;
+        Some(z.ssd_u64("device_bytes_written")? as f64 / user as f64)
+    }
+
     /// One human line.
     pub fn summary(&self) -> String {
         let Some(r) = &self.report else {
@@ -186,7 +222,7 @@ impl RunRecord {
         };
         let mut s = format!(
             "{}: {} mean {:.1} us, p50 {:.1}, p99 {:.1}; {:.0} ops/s; fill {:.2} s; DRAM max {}; \
-             {} major faults; {} checks, {} failures",
+             {} checks, {} failures",
             self.side,
             self.outcome,
             r.latency.mean_us.unwrap_or(0.0),
@@ -195,15 +231,20 @@ impl RunRecord {
             r.ops_per_s,
             r.fill_s,
             format_mib(self.cgroup_max_usage_bytes),
-            r.run_usage.major_faults,
             r.verify.checked,
             r.verify.failures
         );
-        if let Some(k) = &self.kernel {
+        if let (Some(w), Some(rd)) = (self.disk_written(), self.disk_read()) {
+            s += &format!("; disk written {}, read {}", format_mib(w), format_mib(rd));
+        }
+        if self.kernel.is_some() {
+            s += &format!("; {} major faults", r.run_usage.major_faults);
+        }
+        if let Some(z) = &self.zmem {
             s += &format!(
-                "; swapped out {} in {}",
-                format_mib(k.pswpout * 4096),
-                format_mib(k.pswpin * 4096)
+                "; zmem faults {}, SSD reads {}",
+                z.major_faults.map_or("-".into(), |f| f.to_string()),
+                z.ssd_u64("reads").map_or("-".into(), |f| f.to_string())
             );
         }
         if let (Some(hits), Some(p)) = (r.verify.absent_hits, r.verify.expected_false_positive_rate)
@@ -233,6 +274,9 @@ pub struct SideSummary {
     pub ops_per_s: Option<f64>,
     pub fill_s: Option<f64>,
     pub cgroup_max_usage_bytes: Option<u64>,
+    pub disk_written_bytes: Option<u64>,
+    pub disk_read_bytes: Option<u64>,
+    pub write_amplification: Option<f64>,
 }
 
 /// A workload's sides and ratios.
@@ -241,7 +285,7 @@ pub struct CaseSummary {
     pub case: Case,
     pub name: String,
     pub sides: Vec<SideSummary>,
-    /// Kernel mean latency / zmem mean latency (above 1: zmem is faster).
+    /// Kernel mean latency / zmem mean latency (above 1: zmem is faster); verified sides only.
     pub kernel_over_zmem: Option<f64>,
     pub kernel_over_zmem_noenc: Option<f64>,
     /// How much longer an operation takes with the log encrypted, in percent.
@@ -251,10 +295,6 @@ pub struct CaseSummary {
 impl CaseSummary {
     fn side(&self, label: &str) -> Option<&SideSummary> {
         self.sides.iter().find(|s| s.side == label)
-    }
-
-    fn mean(&self, label: &str) -> Option<f64> {
-        self.side(label).and_then(|s| s.mean_us)
     }
 }
 
@@ -293,6 +333,9 @@ pub fn summarize(cases: &[Case], sides: &[Side], records: &[RunRecord]) -> Vec<C
                         ops_per_s: rep.map(|r| r.ops_per_s),
                         fill_s: rep.map(|r| r.fill_s),
                         cgroup_max_usage_bytes: med.map(|r| r.cgroup_max_usage_bytes),
+                        disk_written_bytes: med.and_then(|r| r.disk_written()),
+                        disk_read_bytes: med.and_then(|r| r.disk_read()),
+                        write_amplification: med.and_then(|r| r.write_amplification()),
                     }
                 })
                 .collect();
@@ -304,14 +347,17 @@ pub fn summarize(cases: &[Case], sides: &[Side], records: &[RunRecord]) -> Vec<C
                 kernel_over_zmem_noenc: None,
                 encryption_cost_pct: None,
             };
-            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-                _ => None,
+            // Ratios of verified sides only: a side that measured DRAM is no comparison.
+            let ratio = |c: &CaseSummary, a: &str, b: &str| {
+                let m = |l: &str| c.side(l).filter(|x| x.verified).and_then(|x| x.mean_us);
+                match (m(a), m(b)) {
+                    (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                    _ => None,
+                }
             };
-            s.kernel_over_zmem = ratio(s.mean("kernel-swap"), s.mean("zmem"));
-            s.kernel_over_zmem_noenc = ratio(s.mean("kernel-swap"), s.mean("zmem-noenc"));
-            s.encryption_cost_pct =
-                ratio(s.mean("zmem"), s.mean("zmem-noenc")).map(|r| (r - 1.0) * 100.0);
+            s.kernel_over_zmem = ratio(&s, "kernel-swap", "zmem");
+            s.kernel_over_zmem_noenc = ratio(&s, "kernel-swap", "zmem-noenc");
+            s.encryption_cost_pct = ratio(&s, "zmem", "zmem-noenc").map(|r| (r - 1.0) * 100.0);
             s
         })
         .collect()
@@ -367,16 +413,17 @@ pub fn text(
     }
     header.push("verified".into());
     let f = |x: Option<f64>, p: usize| x.map_or("-".into(), |v| format!("{v:.p$}"));
+    let latency = per_side_rows(summaries, sides, |_, x| {
+        vec![
+            f(x.and_then(|x| x.mean_us), 1),
+            f(x.and_then(|x| x.p50_us), 1),
+            f(x.and_then(|x| x.p99_us), 1),
+        ]
+    });
     let rows: Vec<Vec<String>> = summaries
         .iter()
-        .map(|c| {
-            let mut row = vec![c.name.clone()];
-            for s in sides {
-                let x = c.side(&s.label);
-                row.push(f(x.and_then(|x| x.mean_us), 1));
-                row.push(f(x.and_then(|x| x.p50_us), 1));
-                row.push(f(x.and_then(|x| x.p99_us), 1));
-            }
+        .zip(latency)
+        .map(|(c, mut row)| {
             if kernel && has("zmem") {
                 row.push(
                     c.kernel_over_zmem
@@ -404,10 +451,60 @@ pub fn text(
         })
         .collect();
     out += &text_table(&header, &rows);
+    out += "\n\n";
+    out += &traffic_table(summaries, sides);
     for s in skipped {
         out += &format!("\n{} not run: {}", s.side, s.reason);
     }
     out
+}
+
+/// The DRAM each side really took (its cgroup's max usage) and its disk traffic, MiB, and zmem's
+/// write amplification, per workload (the median runs).
+fn traffic_table(summaries: &[CaseSummary], sides: &[Side]) -> String {
+    let mut header = vec!["DRAM max, disk MiB".to_string()];
+    for s in sides {
+        header.push(format!("{} DRAM", s.label));
+        header.push("written".into());
+        header.push("read".into());
+        if s.kind == SideKind::Zmem {
+            header.push("WA".into());
+        }
+    }
+    let mib = |x: Option<u64>| x.map_or("-".into(), |b| format!("{:.1}", b as f64 / 1048576.0));
+    let rows = per_side_rows(summaries, sides, |s, x| {
+        let mut v = vec![
+            mib(x.and_then(|x| x.cgroup_max_usage_bytes)),
+            mib(x.and_then(|x| x.disk_written_bytes)),
+            mib(x.and_then(|x| x.disk_read_bytes)),
+        ];
+        if s.kind == SideKind::Zmem {
+            v.push(
+                x.and_then(|x| x.write_amplification)
+                    .map_or("-".into(), |w| format!("{w:.2}")),
+            );
+        }
+        v
+    });
+    text_table(&header, &rows)
+}
+
+/// One row per workload: its name, then `cells` of each side in turn.
+fn per_side_rows(
+    summaries: &[CaseSummary],
+    sides: &[Side],
+    cells: impl Fn(&Side, Option<&SideSummary>) -> Vec<String>,
+) -> Vec<Vec<String>> {
+    summaries
+        .iter()
+        .map(|c| {
+            let mut row = vec![c.name.clone()];
+            for s in sides {
+                row.extend(cells(s, c.side(&s.label)));
+            }
+            row
+        })
+        .collect()
 }
 
 /// Writes OUT.json, OUT.txt (the command line, then `text`) and OUT.svg.
@@ -447,7 +544,7 @@ fn plot(summaries: &[CaseSummary], sides: &[Side], plan: &Plan, path: &Path) -> 
         .filter(|v| *v > 0.0)
         .collect();
     let lo = values.iter().copied().fold(f64::INFINITY, f64::min) / 2.0;
-    let hi = values.iter().copied().fold(0.0f64, f64::max) * 2.0;
+    let hi = values.iter().copied().fold(0.0f64, f64::max) * 3.0;
     let n = summaries.len();
     let root = SVGBackend::new(path, (1200, 640)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -482,17 +579,28 @@ fn plot(summaries: &[CaseSummary], sides: &[Side], plan: &Plan, path: &Path) -> 
     let bw = 0.8 / sides.len() as f64;
     for (j, side) in sides.iter().enumerate() {
         let color = Palette99::pick(j).to_rgba();
-        let bars: Vec<Rectangle<(f64, f64)>> = summaries
+        // (left edge, mean, verified) of each bar.
+        let bars: Vec<(f64, f64, bool)> = summaries
             .iter()
             .enumerate()
             .filter_map(|(i, c)| {
-                let v = c.mean(&side.label)?;
-                let x0 = i as f64 + 0.1 + j as f64 * bw;
-                Some(Rectangle::new([(x0, lo), (x0 + bw, v)], color.filled()))
+                let x = c.side(&side.label)?;
+                Some((i as f64 + 0.1 + j as f64 * bw, x.mean_us?, x.verified))
             })
             .collect();
+        chart.draw_series(bars.iter().map(|&(x0, v, ok)| {
+            let label = if ok {
+                format!("{v:.1}")
+            } else {
+                format!("{v:.1} (not verified)")
+            };
+            Text::new(label, (x0, v * 1.12), ("sans-serif", 12).into_font())
+        }))?;
         chart
-            .draw_series(bars)?
+            .draw_series(
+                bars.iter()
+                    .map(|&(x0, v, _)| Rectangle::new([(x0, lo), (x0 + bw, v)], color.filled())),
+            )?
             .label(side.label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }

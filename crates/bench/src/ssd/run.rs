@@ -93,11 +93,21 @@ pub struct ZmemFigures {
     pub max_rss: Option<u64>,
     pub major_faults: Option<u64>,
     pub evictions: Option<u64>,
+    /// Pages that did not compress and were kept in DRAM outside the budget (the region's
+    /// incompressible_kept): DRAM beyond --dram.
+    pub incompressible_kept: Option<u64>,
     /// The `ssd` object of the stats (the log's statistics) as zmem wrote it.
     pub ssd: Option<serde_json::Value>,
     pub stats_error: Option<String>,
     /// What was left in the log's directory after the run (must be nothing).
     pub log_dir_leftovers: Vec<String>,
+}
+
+impl ZmemFigures {
+    /// A counter of the log's statistics.
+    pub fn ssd_u64(&self, key: &str) -> Option<u64> {
+        self.ssd.as_ref()?.get(key)?.as_u64()
+    }
 }
 
 /// Why zmem's side cannot run with this binary (None: it can), for each zmem side.
@@ -336,6 +346,7 @@ fn run_one(ctx: &Ctx<'_>, case: &Case, side: &Side, rep: u32) -> anyhow::Result<
                     z.max_rss = u("/max_rss");
                     z.major_faults = u("/zmem/region/major_faults");
                     z.evictions = u("/zmem/region/evictions");
+                    z.incompressible_kept = u("/zmem/region/incompressible_kept");
                     z.ssd = find_ssd(&v).cloned();
                 }
                 Err(e) => z.stats_error = Some(format!("{}: {e}", stats.display())),

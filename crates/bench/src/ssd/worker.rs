@@ -199,7 +199,9 @@ impl Contents {
                 for chunk in out.chunks_mut(8) {
                     let x = r.next_u64();
                     for (k, w) in chunk.iter_mut().enumerate() {
-                        *w = self.tokens[(x >> (8 * k)) as u8 as usize];
+                        // 3 in 4 from the 16 most common pairs, like words in text.
+                        let b = (x >> (8 * k)) as u8;
+                        *w = self.tokens[if b < 192 { b & 15 } else { b } as usize];
                     }
                 }
             }
@@ -620,20 +622,30 @@ mod tests {
     }
 
     #[test]
-    fn text_content_compresses_and_random_does_not() {
-        let ratio = |content| {
+    fn text_content_compresses_about_2x_with_lz4_and_random_does_not() {
+        let lz4 = |content| {
             let c = Contents::new(1, content);
             let mut page = vec![0u64; 512];
             for (i, obj) in page.chunks_mut(32).enumerate() {
                 c.fill(i as u64, 0, obj);
             }
             let bytes: Vec<u8> = page.iter().flat_map(|w| w.to_le_bytes()).collect();
-            let z = zstd_safe::compress(&mut vec![0u8; 8192][..], &bytes, 1).unwrap();
-            4096.0 / z as f64
+            let mut out = vec![0u8; 8192];
+            // SAFETY: both buffers are valid for the lengths given.
+            let n = unsafe {
+                lz4_sys::LZ4_compress_default(
+                    bytes.as_ptr().cast(),
+                    out.as_mut_ptr().cast(),
+                    bytes.len() as i32,
+                    out.len() as i32,
+                )
+            };
+            assert!(n > 0);
+            4096.0 / n as f64
         };
-        let text = ratio(Content::Text);
-        assert!(text > 1.5, "text compresses {text:.2}x");
-        assert!(ratio(Content::Random) < 1.05);
+        let text = lz4(Content::Text);
+        assert!((1.6..2.6).contains(&text), "text compresses {text:.2}x");
+        assert!(lz4(Content::Random) < 1.0);
     }
 
     #[test]
