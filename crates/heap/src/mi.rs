@@ -1,0 +1,61 @@
+//! The parts of mimalloc 3's C API the heap uses. mimalloc is built and linked by
+//! libmimalloc-sys (its default version, 3.3); the declarations follow its v3
+//! include/mimalloc.h. The crate's own `arena` bindings have `mi_heap_new_in_arena` but not
+//! `mi_manage_memory` (arenas with a commit callback), and some of its `extended` bindings name
+//! v2 functions that v3 no longer has, so the few functions needed are declared here.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_int, c_long, c_void};
+
+use libmimalloc_sys as _;
+
+/// An opaque mimalloc 3 heap (first-class: any thread may allocate from it).
+#[repr(C)]
+pub struct mi_heap_t {
+    _private: [u8; 0],
+}
+
+pub type mi_arena_id_t = *mut c_void;
+
+/// `bool commit_fun(bool commit, void* start, size_t size, bool* is_zero, void* arg)`.
+pub type mi_commit_fun_t = unsafe extern "C" fn(
+    commit: bool,
+    start: *mut c_void,
+    size: usize,
+    is_zero: *mut bool,
+    arg: *mut c_void,
+) -> bool;
+
+/// mi_option_purge_delay (ms): how long freed memory waits before it is purged (decommitted).
+pub const OPTION_PURGE_DELAY: c_int = 15;
+/// mi_option_arena_max_object_size (KiB): larger objects bypass the arenas (and so fail in a
+/// heap bound to one).
+pub const OPTION_ARENA_MAX_OBJECT_SIZE: c_int = 45;
+
+extern "C" {
+    pub fn mi_heap_new_in_arena(arena_id: mi_arena_id_t) -> *mut mi_heap_t;
+    pub fn mi_heap_destroy(heap: *mut mi_heap_t);
+    pub fn mi_heap_malloc(heap: *mut mi_heap_t, size: usize) -> *mut c_void;
+    pub fn mi_heap_zalloc(heap: *mut mi_heap_t, size: usize) -> *mut c_void;
+    pub fn mi_heap_realloc(heap: *mut mi_heap_t, p: *mut c_void, newsize: usize) -> *mut c_void;
+    pub fn mi_heap_of(p: *const c_void) -> *mut mi_heap_t;
+    pub fn mi_free(p: *mut c_void);
+    pub fn mi_usable_size(p: *const c_void) -> usize;
+    pub fn mi_is_in_heap_region(p: *const c_void) -> bool;
+
+    pub fn mi_manage_memory(
+        start: *mut c_void,
+        size: usize,
+        is_committed: bool,
+        is_pinned: bool,
+        is_zero: bool,
+        numa_node: c_int,
+        exclusive: bool,
+        commit_fun: Option<mi_commit_fun_t>,
+        commit_fun_arg: *mut c_void,
+        arena_id: *mut mi_arena_id_t,
+    ) -> bool;
+    pub fn mi_option_set(option: c_int, value: c_long);
+    pub fn mi_option_get(option: c_int) -> c_long;
+}
