@@ -92,7 +92,7 @@ pub fn ssd_line(s: &ProcessStats) -> Option<String> {
     }
     Some(format!(
         "zmem: SSD {} pages ({} compressed) of {} log; written back {} pages, read back {}; \
-         device writes {} (write amplification {:.2}), GC moved {} objects, {} segments; \
+         device writes {} (write amplification {:.2}), GC moved {} objects, reclaimed {} segments; \
          errors {} read, {} write, {} corrupt; {}\n",
         st.lower_pages,
         human(st.lower_bytes),
