@@ -1,7 +1,8 @@
 /*
  * zmem: memory that tiers itself. A region is a range of virtual memory that the program uses as
  * plain memory; at most its resident budget stays in DRAM, colder pages are compressed in a pool,
- * and a touch brings a page back (userfaultfd).
+ * and a touch brings a page back (userfaultfd). A heap (zmem_heap_create, zmem_malloc, zmem_free,
+ * ...) is such a region managed by an allocator, for the data a program chooses to put there.
  *
  * Every function is safe to call from any thread. A failing call returns a negative zmem_status
  * and leaves a message for zmem_last_error() on the calling thread.
@@ -53,6 +54,11 @@ typedef enum zmem_status {
    * A bug inside zmem: a Rust panic was caught at the API boundary.
    */
   ZMEM_PANIC = -7,
+  /**
+   * Out of memory: a heap has no room for a block, or the process has used up mimalloc's
+   * arenas (a process can create about 150 heaps in its lifetime).
+   */
+  ZMEM_NO_MEMORY = -8,
 } zmem_status;
 
 /**
@@ -91,6 +97,12 @@ typedef enum zmem_eviction {
    */
   ZMEM_EVICTION_FIFO = 1,
 } zmem_eviction;
+
+/**
+ * A heap in tiered memory: opaque handle from `zmem_heap_create()`, freed by
+ * `zmem_heap_destroy()`.
+ */
+typedef struct zmem_heap zmem_heap;
 
 /**
  * A region: opaque handle from `zmem_region_create()`, freed by `zmem_region_destroy()`.
@@ -283,6 +295,44 @@ typedef struct zmem_stats {
   uint64_t ssd_errors;
 } zmem_stats;
 
+/**
+ * Statistics of a heap (`zmem_heap_stats()`). Sizes in bytes.
+ */
+typedef struct zmem_heap_statistics {
+  /**
+   * The region under the heap: resident bytes, faults, evictions, compressed and SSD tiers.
+   */
+  struct zmem_stats region;
+  /**
+   * Usable bytes of the live blocks (`zmem_usable_size()` of each, summed).
+   */
+  uint64_t allocated;
+  /**
+   * Blocks allocated and not freed.
+   */
+  uint64_t live_blocks;
+  /**
+   * Bytes of the heap's arenas (the size asked for, rounded up to 32 MiB).
+   */
+  uint64_t capacity;
+  /**
+   * mimalloc arenas of the heap (one per 8 GiB).
+   */
+  uint64_t arenas;
+  /**
+   * Bytes of arena metadata, kept in plain memory outside the region (address space).
+   */
+  uint64_t metadata;
+  /**
+   * Of which resident in DRAM now.
+   */
+  uint64_t metadata_resident;
+  /**
+   * Bytes of free pages the heap gave back (dropped with their compressed copies).
+   */
+  uint64_t decommitted;
+} zmem_heap_statistics;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -360,6 +410,94 @@ enum zmem_status zmem_region_stats(const struct zmem_region *region, struct zmem
  * `region` is NULL or a live handle from `zmem_region_create()`.
  */
 enum zmem_status zmem_region_set_resident(struct zmem_region *region, uint64_t bytes);
+
+/**
+ * Creates a heap as `*options` says and stores its handle in `*out`: `size` bytes of address
+ * space (at least 32 MiB, rounded up to 32 MiB) of which at most `resident` stay in DRAM, with
+ * the options' policy, store limit and SSD tier. Blocks come from mimalloc 3, confined to the
+ * heap's region; any thread may allocate and free.
+ *
+ * On failure `*out` is set to NULL (when `out` is not NULL) and nothing is left behind.
+ * Errors: those of `zmem_region_create()`, `ZMEM_INVALID_ARGUMENT` for a size under 32 MiB,
+ * `ZMEM_NO_MEMORY` when the process has used up mimalloc's arenas (mimalloc 3 never frees
+ * one: about 150 heaps of up to 8 GiB per process lifetime), `ZMEM_UNSUPPORTED` when the
+ * process's own malloc is the same mimalloc.
+ *
+ * # Safety
+ * `options` is NULL or points to an initialised `zmem_options` (use `zmem_options_init()`);
+ * `out` is NULL or points to writable memory for one pointer.
+ */
+enum zmem_status zmem_heap_create(const struct zmem_options *options, struct zmem_heap **out);
+
+/**
+ * Destroys a heap: frees every block still live, stops the region's threads and frees its
+ * compressed pages. Pointers into the heap are invalid afterwards. A NULL `heap` is a no-op.
+ *
+ * # Safety
+ * `heap` is NULL or a handle from `zmem_heap_create()` that has not been destroyed; no other
+ * thread uses the handle or the heap's blocks during or after the call.
+ */
+void zmem_heap_destroy(struct zmem_heap *heap);
+
+/**
+ * A block of at least `size` bytes from the heap (uninitialised; `size` 0 gives a unique
+ * block), aligned to 16 bytes from 16 bytes up. NULL on failure, with `zmem_last_error()` set
+ * and `errno` = `ENOMEM` (no room) or `EINVAL` (NULL heap).
+ *
+ * # Safety
+ * `heap` is NULL or a live handle from `zmem_heap_create()`.
+ */
+void *zmem_malloc(struct zmem_heap *heap, size_t size);
+
+/**
+ * A zeroed block for `count` elements of `size` bytes. NULL on failure (`errno` = `ENOMEM`
+ * also when `count * size` overflows).
+ *
+ * # Safety
+ * `heap` is NULL or a live handle from `zmem_heap_create()`.
+ */
+void *zmem_calloc(struct zmem_heap *heap, size_t count, size_t size);
+
+/**
+ * Resizes a block of the heap, moving it if needed (contents kept up to the smaller size).
+ * `ptr` NULL allocates; `size` 0 gives a block of no usable bytes (the old one is freed). On
+ * failure returns NULL and leaves the old block as it was: `errno` = `ENOMEM` (no room) or
+ * `EINVAL` (NULL heap, or `ptr` is not a block of this heap).
+ *
+ * # Safety
+ * `heap` is NULL or a live handle; `ptr` is NULL, a live block of this heap, or any pointer
+ * outside the heap (refused). Freed or interior pointers of the heap are undefined behaviour,
+ * as with realloc.
+ */
+void *zmem_realloc(struct zmem_heap *heap, void *ptr, size_t size);
+
+/**
+ * Frees a block of the heap. A NULL `ptr` is a no-op. A pointer that is not a block of this
+ * heap (outside its memory, another heap's, in its metadata) is refused with
+ * `ZMEM_INVALID_ARGUMENT` and left alone.
+ *
+ * # Safety
+ * As `zmem_realloc()`.
+ */
+enum zmem_status zmem_free(struct zmem_heap *heap, void *ptr);
+
+/**
+ * Usable bytes of a block of the heap (at least what was asked for), or 0 when `heap` is NULL
+ * or `ptr` is not a block of it.
+ *
+ * # Safety
+ * As `zmem_realloc()`.
+ */
+size_t zmem_usable_size(const struct zmem_heap *heap, const void *ptr);
+
+/**
+ * Writes the heap's statistics to `*out`.
+ *
+ * # Safety
+ * `heap` is NULL or a live handle from `zmem_heap_create()`; `out` is NULL or points to
+ * writable memory for one `zmem_heap_statistics`.
+ */
+enum zmem_status zmem_heap_stats(const struct zmem_heap *heap, struct zmem_heap_statistics *out);
 
 /**
  * Message of the last failing zmem call on this thread, or "" when none failed yet. The

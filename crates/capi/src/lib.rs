@@ -2,7 +2,9 @@
 //!
 //! A `zmem_region` is a range of memory that tiers itself: the program uses
 //! `zmem_region_base() .. + zmem_region_size()` as plain memory from any thread, at most its
-//! resident budget stays in DRAM, and the colder pages are compressed. The C names are spelled
+//! resident budget stays in DRAM, and the colder pages are compressed. A `zmem_heap` is such a
+//! region managed by an allocator (`zmem_malloc`, `zmem_calloc`, `zmem_realloc`, `zmem_free`;
+//! the `zmem-heap` crate): a program puts the data it chooses in tiered memory. The C names are spelled
 //! in C style here too (`zmem_status::ZMEM_OK`), so that the header and the Rust source read the
 //! same.
 //!
@@ -20,6 +22,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use ::zmem_heap::{Heap, HeapError, HeapStats};
 use ::zmem_region::{
     AdaptiveConfig, Budget, Eviction, Region, RegionConfig, RegionError, RegionStats,
     MIN_BUDGET_BYTES, MIN_BUDGET_PAGES, PAGE,
@@ -48,6 +51,9 @@ pub enum zmem_status {
     ZMEM_FORKED_CHILD = -6,
     /// A bug inside zmem: a Rust panic was caught at the API boundary.
     ZMEM_PANIC = -7,
+    /// Out of memory: a heap has no room for a block, or the process has used up mimalloc's
+    /// arenas (a process can create about 150 heaps in its lifetime).
+    ZMEM_NO_MEMORY = -8,
 }
 
 /// Compression policy of a region's page store (the `policy` field of `zmem_options`).
@@ -645,6 +651,271 @@ pub unsafe extern "C" fn zmem_region_set_resident(
     })
 }
 
+/// A heap in tiered memory: opaque handle from `zmem_heap_create()`, freed by
+/// `zmem_heap_destroy()`.
+#[allow(non_camel_case_types)]
+pub struct zmem_heap {
+    heap: Heap,
+}
+
+/// Statistics of a heap (`zmem_heap_stats()`). Sizes in bytes.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct zmem_heap_statistics {
+    /// The region under the heap: resident bytes, faults, evictions, compressed and SSD tiers.
+    pub region: zmem_stats,
+    /// Usable bytes of the live blocks (`zmem_usable_size()` of each, summed).
+    pub allocated: u64,
+    /// Blocks allocated and not freed.
+    pub live_blocks: u64,
+    /// Bytes of the heap's arenas (the size asked for, rounded up to 32 MiB).
+    pub capacity: u64,
+    /// mimalloc arenas of the heap (one per 8 GiB).
+    pub arenas: u64,
+    /// Bytes of arena metadata, kept in plain memory outside the region (address space).
+    pub metadata: u64,
+    /// Of which resident in DRAM now.
+    pub metadata_resident: u64,
+    /// Bytes of free pages the heap gave back (dropped with their compressed copies).
+    pub decommitted: u64,
+}
+
+impl From<&HeapStats> for zmem_heap_statistics {
+    fn from(s: &HeapStats) -> zmem_heap_statistics {
+        zmem_heap_statistics {
+            region: zmem_stats::from(&s.region),
+            allocated: s.allocated,
+            live_blocks: s.live_blocks,
+            capacity: s.capacity,
+            arenas: s.arenas as u64,
+            metadata: s.metadata,
+            metadata_resident: s.metadata_resident,
+            decommitted: s.decommitted,
+        }
+    }
+}
+
+impl From<HeapError> for Failure {
+    fn from(e: HeapError) -> Failure {
+        let status = match &e {
+            HeapError::Region(r) => status_of(r),
+            HeapError::Config(_) | HeapError::Foreign { .. } => zmem_status::ZMEM_INVALID_ARGUMENT,
+            HeapError::SharedAllocator => zmem_status::ZMEM_UNSUPPORTED,
+            HeapError::Arena { .. }
+            | HeapError::OutOfMemory { .. }
+            | HeapError::Overflow { .. } => zmem_status::ZMEM_NO_MEMORY,
+            HeapError::Os { .. } => zmem_status::ZMEM_OS,
+        };
+        Failure {
+            status,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The heap behind a handle, or the failure for a NULL handle.
+///
+/// # Safety
+/// `heap` is NULL or a live handle from `zmem_heap_create()`.
+unsafe fn heap_ref<'a>(heap: *const zmem_heap) -> Result<&'a Heap, Failure> {
+    // SAFETY: the caller guarantees that a non-NULL `heap` came from zmem_heap_create() and has
+    // not been destroyed; as_ref() turns NULL into None.
+    match unsafe { heap.as_ref() } {
+        Some(handle) => Ok(&handle.heap),
+        None => Err(Failure::invalid("heap is NULL")),
+    }
+}
+
+/// Runs an allocating function's body like [`call_value`]; a failure returns NULL with
+/// `errno` set as malloc does: `ENOMEM` when there is no room, `EINVAL` for a bad argument.
+fn call_alloc(func: &str, body: impl FnOnce() -> Result<*mut u8, Failure>) -> *mut c_void {
+    let mut out = std::ptr::null_mut();
+    let status = call(func, || {
+        out = body()?;
+        Ok(())
+    });
+    if status != zmem_status::ZMEM_OK {
+        let code = match status {
+            zmem_status::ZMEM_INVALID_ARGUMENT => libc::EINVAL,
+            _ => libc::ENOMEM,
+        };
+        // SAFETY: errno is thread local and always writable.
+        unsafe { *libc::__errno_location() = code };
+        return std::ptr::null_mut();
+    }
+    out.cast::<c_void>()
+}
+
+/// Creates a heap as `*options` says and stores its handle in `*out`: `size` bytes of address
+/// space (at least 32 MiB, rounded up to 32 MiB) of which at most `resident` stay in DRAM, with
+/// the options' policy, store limit and SSD tier. Blocks come from mimalloc 3, confined to the
+/// heap's region; any thread may allocate and free.
+///
+/// On failure `*out` is set to NULL (when `out` is not NULL) and nothing is left behind.
+/// Errors: those of `zmem_region_create()`, `ZMEM_INVALID_ARGUMENT` for a size under 32 MiB,
+/// `ZMEM_NO_MEMORY` when the process has used up mimalloc's arenas (mimalloc 3 never frees
+/// one: about 150 heaps of up to 8 GiB per process lifetime), `ZMEM_UNSUPPORTED` when the
+/// process's own malloc is the same mimalloc.
+///
+/// # Safety
+/// `options` is NULL or points to an initialised `zmem_options` (use `zmem_options_init()`);
+/// `out` is NULL or points to writable memory for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn zmem_heap_create(
+    options: *const zmem_options,
+    out: *mut *mut zmem_heap,
+) -> zmem_status {
+    call("zmem_heap_create", || {
+        if out.is_null() {
+            return Err(Failure::invalid("out is NULL"));
+        }
+        // SAFETY: out is not NULL and the caller guarantees it is writable for one pointer.
+        unsafe { out.write(std::ptr::null_mut()) };
+        // SAFETY: the caller guarantees a non-NULL options points to an initialised
+        // zmem_options; as_ref() turns NULL into None.
+        let Some(options) = (unsafe { options.as_ref() }) else {
+            return Err(Failure::invalid("options is NULL"));
+        };
+        let heap = Heap::new(config_from(options)?)?;
+        let handle = Box::into_raw(Box::new(zmem_heap { heap }));
+        // SAFETY: as above, out is not NULL and writable.
+        unsafe { out.write(handle) };
+        Ok(())
+    })
+}
+
+/// Destroys a heap: frees every block still live, stops the region's threads and frees its
+/// compressed pages. Pointers into the heap are invalid afterwards. A NULL `heap` is a no-op.
+///
+/// # Safety
+/// `heap` is NULL or a handle from `zmem_heap_create()` that has not been destroyed; no other
+/// thread uses the handle or the heap's blocks during or after the call.
+#[no_mangle]
+pub unsafe extern "C" fn zmem_heap_destroy(heap: *mut zmem_heap) {
+    if heap.is_null() {
+        return;
+    }
+    call("zmem_heap_destroy", || {
+        // SAFETY: heap is not NULL, came from Box::into_raw in zmem_heap_create() and the
+        // caller guarantees it is destroyed once and no longer used.
+        drop(unsafe { Box::from_raw(heap) });
+        Ok(())
+    });
+}
+
+/// A block of at least `size` bytes from the heap (uninitialised; `size` 0 gives a unique
+/// block), aligned to 16 bytes from 16 bytes up. NULL on failure, with `zmem_last_error()` set
+/// and `errno` = `ENOMEM` (no room) or `EINVAL` (NULL heap).
+///
+/// # Safety
+/// `heap` is NULL or a live handle from `zmem_heap_create()`.
+#[no_mangle]
+pub unsafe extern "C" fn zmem_malloc(heap: *mut zmem_heap, size: usize) -> *mut c_void {
+    call_alloc("zmem_malloc", || {
+        // SAFETY: forwarded from this function's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        Ok(h.malloc(size)?.as_ptr())
+    })
+}
+
+/// A zeroed block for `count` elements of `size` bytes. NULL on failure (`errno` = `ENOMEM`
+/// also when `count * size` overflows).
+///
+/// # Safety
+/// `heap` is NULL or a live handle from `zmem_heap_create()`.
+#[no_mangle]
+pub unsafe extern "C" fn zmem_calloc(
+    heap: *mut zmem_heap,
+    count: usize,
+    size: usize,
+) -> *mut c_void {
+    call_alloc("zmem_calloc", || {
+        // SAFETY: forwarded from this function's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        Ok(h.calloc(count, size)?.as_ptr())
+    })
+}
+
+/// Resizes a block of the heap, moving it if needed (contents kept up to the smaller size).
+/// `ptr` NULL allocates; `size` 0 gives a block of no usable bytes (the old one is freed). On
+/// failure returns NULL and leaves the old block as it was: `errno` = `ENOMEM` (no room) or
+/// `EINVAL` (NULL heap, or `ptr` is not a block of this heap).
+///
+/// # Safety
+/// `heap` is NULL or a live handle; `ptr` is NULL, a live block of this heap, or any pointer
+/// outside the heap (refused). Freed or interior pointers of the heap are undefined behaviour,
+/// as with realloc.
+#[no_mangle]
+pub unsafe extern "C" fn zmem_realloc(
+    heap: *mut zmem_heap,
+    ptr: *mut c_void,
+    size: usize,
+) -> *mut c_void {
+    call_alloc("zmem_realloc", || {
+        // SAFETY: forwarded from this function's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        // SAFETY: as above.
+        Ok(unsafe { h.realloc(ptr.cast::<u8>(), size) }?.as_ptr())
+    })
+}
+
+/// Frees a block of the heap. A NULL `ptr` is a no-op. A pointer that is not a block of this
+/// heap (outside its memory, another heap's, in its metadata) is refused with
+/// `ZMEM_INVALID_ARGUMENT` and left alone.
+///
+/// # Safety
+/// As `zmem_realloc()`.
+#[no_mangle]
+pub unsafe extern "C" fn zmem_free(heap: *mut zmem_heap, ptr: *mut c_void) -> zmem_status {
+    call("zmem_free", || {
+        // SAFETY: forwarded from this function's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        // SAFETY: as above.
+        unsafe { h.free(ptr.cast::<u8>()) }?;
+        Ok(())
+    })
+}
+
+/// Usable bytes of a block of the heap (at least what was asked for), or 0 when `heap` is NULL
+/// or `ptr` is not a block of it.
+///
+/// # Safety
+/// As `zmem_realloc()`.
+#[no_mangle]
+pub unsafe extern "C" fn zmem_usable_size(heap: *const zmem_heap, ptr: *const c_void) -> usize {
+    call_value("zmem_usable_size", 0, || {
+        // SAFETY: forwarded from this function's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        // SAFETY: as above.
+        Ok(unsafe { h.usable_size(ptr.cast::<u8>()) }?)
+    })
+}
+
+/// Writes the heap's statistics to `*out`.
+///
+/// # Safety
+/// `heap` is NULL or a live handle from `zmem_heap_create()`; `out` is NULL or points to
+/// writable memory for one `zmem_heap_statistics`.
+#[no_mangle]
+pub unsafe extern "C" fn zmem_heap_stats(
+    heap: *const zmem_heap,
+    out: *mut zmem_heap_statistics,
+) -> zmem_status {
+    call("zmem_heap_stats", || {
+        // SAFETY: forwarded from this function's contract.
+        let h = unsafe { heap_ref(heap) }?;
+        if out.is_null() {
+            return Err(Failure::invalid("out is NULL"));
+        }
+        let stats = zmem_heap_statistics::from(&h.stats());
+        // SAFETY: out is not NULL and the caller guarantees it is writable for one
+        // zmem_heap_statistics.
+        unsafe { out.write(stats) };
+        Ok(())
+    })
+}
+
 /// Message of the last failing zmem call on this thread, or "" when none failed yet. The
 /// string stays valid until the next failing zmem call on this thread or the thread's end.
 /// Never NULL.
@@ -672,6 +943,7 @@ pub extern "C" fn zmem_status_str(status: i32) -> *const c_char {
         (ZMEM_STORE, c"ZMEM_STORE"),
         (ZMEM_FORKED_CHILD, c"ZMEM_FORKED_CHILD"),
         (ZMEM_PANIC, c"ZMEM_PANIC"),
+        (ZMEM_NO_MEMORY, c"ZMEM_NO_MEMORY"),
     ];
     all.iter()
         .find(|(s, _)| *s as i32 == status)
@@ -762,6 +1034,7 @@ mod tests {
             (ZMEM_STORE, -5),
             (ZMEM_FORKED_CHILD, -6),
             (ZMEM_PANIC, -7),
+            (ZMEM_NO_MEMORY, -8),
         ];
         for (status, value) in values {
             assert_eq!(status as i32, value);
@@ -1011,5 +1284,176 @@ mod tests {
         assert!(r.is_null());
         assert!(last_error().contains("SSD tier"), "{}", last_error());
         assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn every_heap_error_maps_to_its_status() {
+        use zmem_status::*;
+        let cases: Vec<(HeapError, zmem_status)> = vec![
+            (
+                HeapError::Region(RegionError::Config("bad".into())),
+                ZMEM_INVALID_ARGUMENT,
+            ),
+            (
+                HeapError::Region(RegionError::Permission {
+                    source: io::Error::from(io::ErrorKind::PermissionDenied),
+                }),
+                ZMEM_PERMISSION,
+            ),
+            (HeapError::Config("small".into()), ZMEM_INVALID_ARGUMENT),
+            (HeapError::Foreign { addr: 8 }, ZMEM_INVALID_ARGUMENT),
+            (HeapError::SharedAllocator, ZMEM_UNSUPPORTED),
+            (
+                HeapError::Arena {
+                    at: 0,
+                    size: 1,
+                    taken: 159,
+                },
+                ZMEM_NO_MEMORY,
+            ),
+            (
+                HeapError::OutOfMemory {
+                    size: 1,
+                    capacity: 1,
+                },
+                ZMEM_NO_MEMORY,
+            ),
+            (HeapError::Overflow { count: 2, size: 3 }, ZMEM_NO_MEMORY),
+            (
+                HeapError::Os {
+                    op: "mmap",
+                    errno: zmem_os_errno(),
+                },
+                ZMEM_OS,
+            ),
+        ];
+        for (err, want) in cases {
+            let text = err.to_string();
+            let failure = Failure::from(err);
+            assert_eq!(failure.status, want, "{text}");
+            assert_eq!(failure.message, text);
+        }
+    }
+
+    fn zmem_os_errno() -> ::zmem_heap::Errno {
+        ::zmem_heap::Errno(12)
+    }
+
+    #[test]
+    fn heap_functions_refuse_null_and_set_errno() {
+        use std::ptr::{null, null_mut};
+        use zmem_status::ZMEM_INVALID_ARGUMENT;
+        let errno = || std::io::Error::last_os_error().raw_os_error();
+        // SAFETY: every pointer is NULL or points to a live local of the right type.
+        unsafe {
+            let mut out = std::ptr::dangling_mut::<zmem_heap>();
+            assert_eq!(zmem_heap_create(null(), &mut out), ZMEM_INVALID_ARGUMENT);
+            assert!(out.is_null(), "*out is cleared on failure");
+            assert_eq!(last_error(), "zmem_heap_create: options is NULL");
+            let o = default_options();
+            assert_eq!(zmem_heap_create(&o, null_mut()), ZMEM_INVALID_ARGUMENT);
+            assert_eq!(last_error(), "zmem_heap_create: out is NULL");
+            let mut small = o;
+            small.size = 1 << 20;
+            small.resident = 1 << 20;
+            assert_eq!(zmem_heap_create(&small, &mut out), ZMEM_INVALID_ARGUMENT);
+            assert!(
+                last_error().contains("below the smallest heap"),
+                "{}",
+                last_error()
+            );
+
+            assert!(zmem_malloc(null_mut(), 8).is_null());
+            assert_eq!(errno(), Some(libc::EINVAL));
+            assert_eq!(last_error(), "zmem_malloc: heap is NULL");
+            assert!(zmem_calloc(null_mut(), 1, 8).is_null());
+            assert_eq!(last_error(), "zmem_calloc: heap is NULL");
+            assert!(zmem_realloc(null_mut(), null_mut(), 8).is_null());
+            assert_eq!(errno(), Some(libc::EINVAL));
+            assert_eq!(zmem_free(null_mut(), null_mut()), ZMEM_INVALID_ARGUMENT);
+            assert_eq!(last_error(), "zmem_free: heap is NULL");
+            assert_eq!(zmem_usable_size(null(), null()), 0);
+            let mut stats = zmem_heap_statistics::default();
+            assert_eq!(zmem_heap_stats(null(), &mut stats), ZMEM_INVALID_ARGUMENT);
+            assert_eq!(last_error(), "zmem_heap_stats: heap is NULL");
+            zmem_heap_destroy(null_mut());
+        }
+    }
+
+    #[test]
+    fn a_heap_through_the_c_api() {
+        let mut o = default_options();
+        o.size = 64 << 20;
+        o.resident = 2 << 20;
+        let mut h: *mut zmem_heap = std::ptr::null_mut();
+        // SAFETY: valid options and out pointer.
+        let st = unsafe { zmem_heap_create(&o, &mut h) };
+        if st == zmem_status::ZMEM_PERMISSION || st == zmem_status::ZMEM_UNSUPPORTED {
+            eprintln!("skipped: no userfaultfd here: {}", last_error());
+            return;
+        }
+        assert_eq!(st, zmem_status::ZMEM_OK, "{}", last_error());
+        let errno = || std::io::Error::last_os_error().raw_os_error();
+        // SAFETY: h is a live heap; every pointer passed is NULL, one of its blocks, or foreign
+        // (refused before use).
+        unsafe {
+            let mut blocks = Vec::new();
+            for i in 0..4000usize {
+                let p = zmem_malloc(h, 2000).cast::<u8>();
+                assert!(!p.is_null());
+                std::ptr::write_bytes(p, i as u8, 2000);
+                blocks.push(p);
+            }
+            for (i, &p) in blocks.iter().enumerate() {
+                let s = std::slice::from_raw_parts(p, 2000);
+                assert!(s.iter().all(|&b| b == i as u8), "block {i}");
+                assert!(zmem_usable_size(h, p.cast()) >= 2000);
+            }
+            let z = zmem_calloc(h, 100, 10).cast::<u8>();
+            assert!(std::slice::from_raw_parts(z, 1000).iter().all(|&b| b == 0));
+            let r = zmem_realloc(h, blocks[0].cast(), 5000).cast::<u8>();
+            assert!(std::slice::from_raw_parts(r, 2000).iter().all(|&b| b == 0));
+            blocks[0] = r;
+
+            assert!(zmem_malloc(h, 1 << 30).is_null());
+            assert_eq!(errno(), Some(libc::ENOMEM));
+            assert!(
+                last_error().starts_with("zmem_malloc: out of memory"),
+                "{}",
+                last_error()
+            );
+            assert!(zmem_calloc(h, usize::MAX, 2).is_null());
+            assert_eq!(errno(), Some(libc::ENOMEM));
+            assert!(last_error().contains("overflows"), "{}", last_error());
+            let mut local = 0u64;
+            let foreign = (&mut local as *mut u64).cast::<c_void>();
+            assert_eq!(zmem_free(h, foreign), zmem_status::ZMEM_INVALID_ARGUMENT);
+            assert!(
+                last_error().contains("is not a block of this heap"),
+                "{}",
+                last_error()
+            );
+            assert!(zmem_realloc(h, foreign, 10).is_null());
+            assert_eq!(errno(), Some(libc::EINVAL));
+            assert_eq!(zmem_usable_size(h, foreign), 0);
+            assert_eq!(zmem_free(h, std::ptr::null_mut()), zmem_status::ZMEM_OK);
+
+            let mut stats = zmem_heap_statistics::default();
+            assert_eq!(zmem_heap_stats(h, &mut stats), zmem_status::ZMEM_OK);
+            assert_eq!(stats.live_blocks, 4001);
+            assert!(stats.allocated >= 4000 * 2000);
+            assert_eq!(stats.capacity, 64 << 20);
+            assert_eq!(stats.arenas, 1);
+            assert!(stats.region.evictions > 0, "{stats:?}");
+            assert_eq!(
+                zmem_heap_stats(h, std::ptr::null_mut()),
+                zmem_status::ZMEM_INVALID_ARGUMENT
+            );
+            for p in blocks.drain(..100) {
+                assert_eq!(zmem_free(h, p.cast()), zmem_status::ZMEM_OK);
+            }
+            // Destroyed with 3901 blocks live.
+            zmem_heap_destroy(h);
+        }
     }
 }

@@ -197,3 +197,35 @@ fn c_example_region() {
     assert!(stdout.ends_with("OK\n"), "{text}");
     println!("{stdout}");
 }
+
+#[test]
+fn c_heap_static_and_shared() {
+    // tests/c/heap.c: objects through a small budget, the error paths, an SSD tier in a temp
+    // directory, destroy with live blocks.
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/heap.c");
+    let ssd = tempfile::tempdir().expect("temp dir for the SSD tier");
+    for link in [Link::Static, Link::Shared] {
+        let exe = build_c(&source, link);
+        let output = Command::new(&exe)
+            .arg(ssd.path())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+        let text = show(&output);
+        if output.status.code() == Some(77) {
+            if let Some(reason) = userfaultfd_unavailable() {
+                eprintln!("SKIPPED c_heap: {reason}\n{text}");
+                return;
+            }
+        }
+        assert!(
+            output.status.success(),
+            "{link:?}: tests/c/heap.c failed\n{text}"
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        for want in ["dram: ", "error paths checked", "ssd: "] {
+            assert!(stdout.contains(want), "{link:?}: missing {want:?}\n{text}");
+        }
+        assert!(stdout.ends_with("OK\n"), "{link:?}: {text}");
+        println!("{link:?}:\n{stdout}");
+    }
+}

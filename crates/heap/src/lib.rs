@@ -40,7 +40,7 @@ use std::sync::Once;
 pub use zmem_region::{Budget, Region, RegionConfig, RegionError, RegionStats};
 
 use arena::ArenaCtl;
-use zmem_os::Errno;
+pub use zmem_os::Errno;
 
 /// Arena size the region is cut into (mimalloc refuses arenas of 16 GiB and more).
 pub const ARENA_CHUNK: usize = 8 << 30;
