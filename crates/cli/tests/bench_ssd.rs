@@ -494,19 +494,22 @@ fn zmem_side_possible() -> bool {
 }
 
 #[test]
-fn the_zmem_side_runs_the_objects_on_the_ssd_tier() {
+fn the_zmem_side_runs_the_objects_on_the_ssd_tier_encrypted_and_not() {
     if !zmem_side_possible() {
         return;
     }
     let Some(sc) = Scene::new() else {
         return;
     };
-    let (doc, _, _) = sc.small_run("zmem", &["--workloads", "objects"], 2);
+    let (doc, stdout, _) = sc.small_run("zmem", &["--workloads", "objects", "--encrypt-cost"], 4);
+    assert!(stdout.contains("enc cost"), "{stdout}");
     for r in doc["runs"].as_array().unwrap() {
-        assert_eq!(r["side"], "zmem");
+        let encrypt = r["side"] == "zmem";
+        assert!(encrypt || r["side"] == "zmem-noenc", "{r}");
         let z = &r["zmem"];
         assert_eq!(u(&z["resident"]) + u(&z["store_limit"]), 32 << 20);
-        assert_eq!(z["encrypt"], true);
+        assert_eq!(z["encrypt"], encrypt);
+        assert_eq!(z["ssd"]["encrypted"], encrypt, "{r}");
         assert!(z["log_dir_leftovers"].as_array().unwrap().is_empty());
         assert!(z["ssd"].is_object(), "no ssd statistics: {r}");
         assert!(u(&z["ssd"]["device_bytes_written"]) > 0, "{r}");

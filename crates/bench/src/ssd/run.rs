@@ -110,8 +110,8 @@ impl ZmemFigures {
     }
 }
 
-/// Why zmem's side cannot run with this binary (None: it can), for each zmem side.
-fn zmem_unavailable(exe: &Path, encrypt_cost: bool) -> Option<String> {
+/// Why `side` cannot run with this binary's `zmem run` (None: it can).
+fn zmem_unavailable(exe: &Path, side: &Side) -> Option<String> {
     let out = std::process::Command::new(exe)
         .args(["run", "--help"])
         .output()
@@ -120,20 +120,26 @@ fn zmem_unavailable(exe: &Path, encrypt_cost: bool) -> Option<String> {
         Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
         Err(e) => return Some(e),
     };
-    let mut needed = vec!["--ssd", "--ssd-size"];
-    if encrypt_cost {
-        needed.push("--ssd-no-encrypt");
-    }
-    let missing: Vec<&str> = needed
-        .into_iter()
-        .filter(|f| !help.contains(&format!("{f} ")))
-        .collect();
+    let missing = missing_flags(&help, side);
     (!missing.is_empty()).then(|| {
         format!(
             "this zmem's `zmem run` has no {} yet (the SSD tier's flags)",
             missing.join(", ")
         )
     })
+}
+
+/// The flags `side` needs that `help` (of `zmem run`) does not list.
+fn missing_flags(help: &str, side: &Side) -> Vec<&'static str> {
+    let words: Vec<&str> = help
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '=')
+        .collect();
+    let mut needed = vec!["--ssd", "--ssd-size"];
+    if !side.encrypt {
+        needed.push("--ssd-no-encrypt");
+    }
+    needed.retain(|f| !words.contains(f));
+    needed
 }
 
 /// The directory of zmem's log for one run, `DIR/zmem-bench-ssd-PID`: created empty, removed
@@ -441,14 +447,16 @@ pub fn run(args: &SsdArgs) -> anyhow::Result<()> {
                 if plan.encrypt_cost {
                     z.push(Side::zmem(false));
                 }
-                match zmem_unavailable(&exe, plan.encrypt_cost) {
-                    None => sides.extend(z),
-                    Some(why) => {
-                        eprintln!("zmem: note: the zmem side is skipped: {why}");
-                        skipped.extend(z.into_iter().map(|s| report::Skipped {
-                            side: s.label,
-                            reason: why.clone(),
-                        }));
+                for side in z {
+                    match zmem_unavailable(&exe, &side) {
+                        None => sides.push(side),
+                        Some(why) => {
+                            eprintln!("zmem: note: {} is skipped: {why}", side.label);
+                            skipped.push(report::Skipped {
+                                side: side.label,
+                                reason: why,
+                            });
+                        }
                     }
                 }
             }
@@ -644,6 +652,25 @@ mod tests {
         let w = W::try_parse_from(argv).unwrap().a;
         w.validate().unwrap();
         assert_eq!(w.object_size, 256);
+    }
+
+    #[test]
+    fn the_ssd_flags_are_found_in_the_help() {
+        let help =
+            "  --ssd <PATH>\n          An SSD tier\n  --ssd-size <SSD_SIZE>\n  --ssd-no-encrypt\n";
+        assert!(missing_flags(help, &Side::zmem(true)).is_empty());
+        assert!(missing_flags(help, &Side::zmem(false)).is_empty());
+        let old = "  --store-limit <STORE_LIMIT>\n  --ssd-sizes\n";
+        assert_eq!(
+            missing_flags(old, &Side::zmem(true)),
+            ["--ssd", "--ssd-size"]
+        );
+        let no_enc = "  --ssd <PATH>\n  --ssd-size <S>\n";
+        assert!(missing_flags(no_enc, &Side::zmem(true)).is_empty());
+        assert_eq!(
+            missing_flags(no_enc, &Side::zmem(false)),
+            ["--ssd-no-encrypt"]
+        );
     }
 
     #[test]
