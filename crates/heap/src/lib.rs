@@ -24,10 +24,24 @@
 //! ([`ARENA_CHUNK`]), each with a mimalloc heap of its own; an allocation tries them in turn.
 //! A single block cannot be larger than one arena.
 //!
+//! **Metadata.** An arena's bookkeeping (header, bitmaps, one 136-byte page descriptor per
+//! 64 KiB) sits at its start and is touched by every allocation and free. It is kept as plain
+//! memory, outside the region, for a lifetime reason (below), which also gives it what
+//! `Region::pin` gives the preload library's arenas: it never faults and does not count
+//! against the budget. Measured (examples/objects.rs, 64 MiB of small objects, 16 MiB budget,
+//! random free+malloc): 164 KiB of it resident; left in the region unpinned it added 0.3% to
+//! the faults (1.205 against 1.201 per operation; pinned: 1.202), so pinning would not be
+//! needed for speed: it is touched often enough to stay resident. Each thread that allocates
+//! also takes a 64 KiB slice of the arena for its per-thread heap while it lives.
+//!
 //! **Limits of mimalloc 3.3** (see the `arena` module): an arena can never be removed, so a
 //! destroyed heap leaves its address range behind (plain zero memory, never touched: address
 //! space, not DRAM) plus 64 KiB of arena header per arena, and a process can create at most
-//! about 150 arenas in its lifetime (mimalloc's table has 160 slots).
+//! about 150 arenas in its lifetime (mimalloc's table has 160 slots). A pointer given to
+//! `free`, `realloc` or `usable_size` is checked against the heap's arenas, their metadata and
+//! mimalloc's page map ([`HeapError::Foreign`]); a block freed twice or a pointer into the
+//! middle of a block (8-byte aligned) cannot be told from a live block and is undefined
+//! behaviour, as with `free`.
 
 mod arena;
 mod mi;
@@ -419,7 +433,8 @@ impl Heap {
     }
 
     /// Resizes a block, moving it if needed (contents kept up to the smaller size). NULL
-    /// allocates; on failure the old block is left as it was.
+    /// allocates; `size` 0 gives a minimal block (mimalloc's realloc: the old one is freed, not
+    /// returned as NULL); on failure the old block is left as it was.
     ///
     /// # Safety
     /// As [`Heap::free`].

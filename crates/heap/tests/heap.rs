@@ -353,8 +353,7 @@ fn an_ssd_tier_under_the_heap() {
 
 #[test]
 fn a_heap_of_several_arenas_spills_into_the_next() {
-    // 17 GiB of address space: arenas of 8, 8 and 1 GiB. Blocks of 6 GiB are never touched
-    // (address space only).
+    // 17 GiB of address space: arenas of 8, 8 and 1 GiB.
     let Some(h) = heap(17 << 30, 8 << 20) else {
         return;
     };
@@ -362,10 +361,13 @@ fn a_heap_of_several_arenas_spills_into_the_next() {
     assert_eq!(s.arenas, 3);
     assert_eq!(s.capacity, 17 << 30);
     let big = 6usize << 30;
-    let a = h.malloc(big).unwrap();
-    let b = h.malloc(big).unwrap();
     let start = h.region().as_ptr() as usize;
     let arena = |p: *mut u8| (p as usize - start) / ARENA_CHUNK;
+    let a = h.malloc(big).unwrap();
+    // Allocated while the first arena is still the one tried first.
+    let s = h.malloc(4096).unwrap();
+    assert_eq!(arena(s.as_ptr()), arena(a.as_ptr()));
+    let b = h.malloc(big).unwrap();
     assert_ne!(
         arena(a.as_ptr()),
         arena(b.as_ptr()),
@@ -379,19 +381,39 @@ fn a_heap_of_several_arenas_spills_into_the_next() {
         unsafe { fill(p.as_ptr(), 100, i) };
         small.insert(i, p);
     }
-    // A resize that does not fit its arena moves to another one (b's, once b is gone).
-    // SAFETY: live blocks; a's arena cannot hold 7 GiB more.
+    // A resize that does not fit its arena moves to another one (b's, once b is gone). The
+    // 6 GiB blocks are never touched (address space only).
+    // SAFETY: live blocks; the first arena cannot hold 3 GiB more.
     unsafe {
         h.free(b.as_ptr()).unwrap();
-        fill(a.as_ptr(), 4096, 77);
-        let c = h.realloc(a.as_ptr(), 7 << 30).unwrap();
+        fill(s.as_ptr(), 4096, 77);
+        let c = h.realloc(s.as_ptr(), 3 << 30).unwrap();
         assert_ne!(arena(c.as_ptr()), arena(a.as_ptr()));
         assert_eq!(first_wrong(c.as_ptr(), 4096, 77), None);
         for (i, p) in &small {
             assert_eq!(first_wrong(p.as_ptr(), 100, *i), None);
             h.free(p.as_ptr()).unwrap();
         }
+        h.free(a.as_ptr()).unwrap();
         h.free(c.as_ptr()).unwrap();
     }
     assert_eq!(h.stats().live_blocks, 0);
+}
+
+#[test]
+fn realloc_of_null_allocates_and_to_zero_keeps_a_minimal_block() {
+    let Some(h) = heap(32 << 20, 1 << 20) else {
+        return;
+    };
+    // SAFETY: every pointer passed is NULL or a live block of h.
+    unsafe {
+        let p = h.realloc(std::ptr::null_mut(), 100).unwrap();
+        fill(p.as_ptr(), 100, 5);
+        let q = h.realloc(p.as_ptr(), 0).unwrap();
+        assert!(h.usable_size(q.as_ptr()).is_ok());
+        assert_eq!(h.stats().live_blocks, 1);
+        h.free(q.as_ptr()).unwrap();
+        let s = h.stats();
+        assert_eq!((s.live_blocks, s.allocated), (0, 0));
+    }
 }
