@@ -538,6 +538,7 @@ pub fn write_outputs(
 /// Grouped bars: the mean latency of every workload on every side, log scale.
 fn plot(summaries: &[CaseSummary], sides: &[Side], plan: &Plan, path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
     let values: Vec<f64> = summaries
         .iter()
         .flat_map(|c| c.sides.iter().filter_map(|s| s.mean_us))
@@ -556,7 +557,7 @@ fn plot(summaries: &[CaseSummary], sides: &[Side], plan: &Plan, path: &Path) -> 
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 20))
         .margin(20)
-        .x_label_area_size(40)
+        .x_label_area_size(50)
         .y_label_area_size(70)
         .build_cartesian_2d(0f64..n as f64, (lo..hi).log_scale())?;
     let names: Vec<String> = summaries.iter().map(|c| c.name.clone()).collect();
@@ -575,6 +576,7 @@ fn plot(summaries: &[CaseSummary], sides: &[Side], plan: &Plan, path: &Path) -> 
             }
         })
         .y_desc("mean latency per operation, us (log scale; lower is better)")
+        .x_desc("* pale: not verified (the run did not measure the disk, see the JSON)")
         .draw()?;
     let bw = 0.8 / sides.len() as f64;
     for (j, side) in sides.iter().enumerate() {
@@ -588,19 +590,23 @@ fn plot(summaries: &[CaseSummary], sides: &[Side], plan: &Plan, path: &Path) -> 
                 Some((i as f64 + 0.1 + j as f64 * bw, x.mean_us?, x.verified))
             })
             .collect();
+        let style = TextStyle::from(("sans-serif", 11).into_font())
+            .pos(Pos::new(HPos::Center, VPos::Bottom));
         chart.draw_series(bars.iter().map(|&(x0, v, ok)| {
-            let label = if ok {
-                format!("{v:.1}")
+            let value = if v >= 10.0 {
+                format!("{v:.0}")
             } else {
-                format!("{v:.1} (not verified)")
+                format!("{v:.1}")
             };
-            Text::new(label, (x0, v * 1.12), ("sans-serif", 12).into_font())
+            let label = if ok { value } else { format!("{value}*") };
+            Text::new(label, (x0 + bw / 2.0, v * 1.05), style.clone())
         }))?;
         chart
-            .draw_series(
-                bars.iter()
-                    .map(|&(x0, v, _)| Rectangle::new([(x0, lo), (x0 + bw, v)], color.filled())),
-            )?
+            .draw_series(bars.iter().map(|&(x0, v, ok)| {
+                // An unverified bar is pale: what it measured is not the SSD tier.
+                let fill = if ok { color } else { color.mix(0.3) };
+                Rectangle::new([(x0, lo), (x0 + bw, v)], fill.filled())
+            }))?
             .label(side.label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
