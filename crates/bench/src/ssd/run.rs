@@ -387,6 +387,26 @@ fn execute_in(
     ))
 }
 
+/// The time now as "2026-11-25 00:37 UTC".
+fn utc_now() -> String {
+    // SAFETY: tm is plain old data.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: time(NULL) has no preconditions.
+    let t = unsafe { libc::time(std::ptr::null_mut()) };
+    // SAFETY: &t and &mut tm are valid pointers.
+    if unsafe { libc::gmtime_r(&t, &mut tm) }.is_null() {
+        return "unknown".into();
+    }
+    format!(
+        "{}-{:02}-{:02} {:02}:{:02} UTC",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min
+    )
+}
+
 /// Why this process may not change the machine (None: it may).
 fn not_root() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -417,6 +437,7 @@ pub fn run(args: &SsdArgs) -> anyhow::Result<()> {
     );
     let fs = fs_type(&plan.dir)?;
     install_abort_handler();
+    let started = utc_now();
     note_leftover_cgroups();
     note_leftover_swapfiles(&plan.dir);
     let swaps_before = swaps()?;
@@ -564,6 +585,7 @@ pub fn run(args: &SsdArgs) -> anyhow::Result<()> {
             .ok()
     };
     let setup = serde_json::json!({
+        "started_utc": started,
         "dir": plan.dir.display().to_string(),
         "file_system": fs,
         "disk_size": plan.disk_size,
@@ -577,7 +599,11 @@ pub fn run(args: &SsdArgs) -> anyhow::Result<()> {
         "other_swap": swaps_before,
         "zmem": exe.display().to_string(),
     });
-    let text = report::text(&plan, &machine, &summaries, &sides, &skipped, &fs);
+    let text = format!(
+        "# started {started}, zmem {}\n{}",
+        env!("CARGO_PKG_VERSION"),
+        report::text(&plan, &machine, &summaries, &sides, &skipped, &fs)
+    );
     if !records.is_empty() {
         println!("{text}");
     }
@@ -670,6 +696,15 @@ mod tests {
         assert_eq!(
             missing_flags(no_enc, &Side::zmem(false)),
             ["--ssd-no-encrypt"]
+        );
+    }
+
+    #[test]
+    fn the_date_is_a_date() {
+        let d = utc_now();
+        assert!(
+            d.len() == 20 && d.starts_with("20") && d.ends_with(" UTC"),
+            "{d}"
         );
     }
 
