@@ -375,3 +375,37 @@ fn a_removed_device_fails_reads_of_its_pages_only() {
     s.write(5, &page(5, 9)).unwrap();
     assert_eq!(read(&s, 5), page(5, 9));
 }
+
+#[test]
+fn pages_that_do_not_compress_still_go_to_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 16 << 20, true);
+    let s = store_over(&log, 256, 64 << 20);
+    let noise = |i: u64| -> Vec<u8> {
+        let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..PS)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    for i in 0..100 {
+        assert!(
+            s.write_if_smaller(i, &noise(i)).unwrap(),
+            "page {i} refused"
+        );
+    }
+    assert_eq!(s.stats().huge_pages, 100);
+    assert_eq!(s.writeback(u64::MAX).unwrap().pages, 100);
+    let st = s.stats();
+    assert_eq!((st.lower_pages, st.huge_pages), (100, 100));
+    for i in 0..100 {
+        assert_eq!(read(&s, i), noise(i), "page {i}");
+    }
+    // Without a tier the same page is not stored (it would save nothing).
+    let plain = PageStore::new(StoreConfig::new(16, Policy::Fast)).unwrap();
+    assert!(!plain.write_if_smaller(0, &noise(0)).unwrap());
+}

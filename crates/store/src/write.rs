@@ -30,7 +30,8 @@ impl StoreCore {
 
     /// Like [`write`](Self::write), but a page that does not compress below the rejection
     /// ratio (it would be stored raw: no memory saved) is not stored: `Ok(false)`, and page
-    /// `index` keeps its old content. Same-filled pages are always stored.
+    /// `index` keeps its old content. Same-filled pages are always stored, and so is every
+    /// page of a store over an SSD tier (raw, it still leaves DRAM for the log).
     pub fn write_if_smaller(&self, index: u64, page: &[u8]) -> Result<bool, StoreError> {
         self.write_page(index, page, false)
     }
@@ -50,7 +51,9 @@ impl StoreCore {
             return Ok(true);
         }
         let (obj, enc) = self.compress_page(page)?;
-        if enc.codec == CodecId::Raw && !keep_raw {
+        // Over an SSD tier a page that does not compress still saves DRAM: it passes through
+        // the pool raw and goes on to the log.
+        if enc.codec == CodecId::Raw && !keep_raw && inner.lower.is_none() {
             inner.counters.not_stored.fetch_add(1, Ordering::Relaxed);
             return Ok(false);
         }
