@@ -44,7 +44,7 @@
 //! behaviour, as with `free`.
 
 mod arena;
-mod mi;
+pub mod mi;
 
 use std::ffi::c_void;
 use std::ptr::NonNull;

@@ -1,4 +1,5 @@
-//! The parts of mimalloc 3's C API the heap uses. mimalloc is built and linked by
+//! The parts of mimalloc 3's C API zmem uses, declared once: the heap's and the preload
+//! library's (which re-exports this module). mimalloc is built and linked by
 //! libmimalloc-sys (its default version, 3.3); the declarations follow its v3
 //! include/mimalloc.h. The crate's own `arena` bindings have `mi_heap_new_in_arena` but not
 //! `mi_manage_memory` (arenas with a commit callback), and some of its `extended` bindings name
@@ -27,11 +28,17 @@ pub type mi_commit_fun_t = unsafe extern "C" fn(
     arg: *mut c_void,
 ) -> bool;
 
+/// mi_option_show_errors: print error messages.
+pub const OPTION_SHOW_ERRORS: c_int = 0;
 /// mi_option_purge_delay (ms): how long freed memory waits before it is purged (decommitted).
 pub const OPTION_PURGE_DELAY: c_int = 15;
+/// mi_option_disallow_os_alloc: only arenas given to mimalloc, no memory of its own from the OS.
+pub const OPTION_DISALLOW_OS_ALLOC: c_int = 17;
 /// mi_option_arena_max_object_size (KiB): larger objects bypass the arenas (and so fail in a
 /// heap bound to one).
 pub const OPTION_ARENA_MAX_OBJECT_SIZE: c_int = 45;
+/// _mi_option_last: the number of options.
+pub const OPTION_COUNT: c_int = 47;
 
 extern "C" {
     pub fn mi_heap_new_in_arena(arena_id: mi_arena_id_t) -> *mut mi_heap_t;
@@ -40,8 +47,16 @@ extern "C" {
     pub fn mi_heap_zalloc(heap: *mut mi_heap_t, size: usize) -> *mut c_void;
     pub fn mi_heap_realloc(heap: *mut mi_heap_t, p: *mut c_void, newsize: usize) -> *mut c_void;
     pub fn mi_heap_of(p: *const c_void) -> *mut mi_heap_t;
+    pub fn mi_malloc(size: usize) -> *mut c_void;
+    pub fn mi_zalloc(size: usize) -> *mut c_void;
+    pub fn mi_realloc(p: *mut c_void, newsize: usize) -> *mut c_void;
     pub fn mi_free(p: *mut c_void);
+    pub fn mi_malloc_aligned(size: usize, alignment: usize) -> *mut c_void;
+    pub fn mi_zalloc_aligned(size: usize, alignment: usize) -> *mut c_void;
+    pub fn mi_realloc_aligned(p: *mut c_void, newsize: usize, alignment: usize) -> *mut c_void;
     pub fn mi_usable_size(p: *const c_void) -> usize;
+    pub fn mi_good_size(size: usize) -> usize;
+    pub fn mi_collect(force: bool);
     pub fn mi_is_in_heap_region(p: *const c_void) -> bool;
 
     pub fn mi_manage_memory(
@@ -58,4 +73,5 @@ extern "C" {
     ) -> bool;
     pub fn mi_option_set(option: c_int, value: c_long);
     pub fn mi_option_get(option: c_int) -> c_long;
+    pub fn mi_version() -> c_int;
 }
