@@ -139,6 +139,19 @@ pub fn text_table(header: &[String], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The x-axis label of a grouped bar chart with one unit-wide slot per category: the
+/// category's name at the slot's centre (x = i + 0.5), nothing at the other ticks.
+pub fn slot_label<S: AsRef<str>>(names: &[S], x: f64) -> String {
+    if (x.fract() - 0.5).abs() < 1e-6 {
+        names
+            .get(x.floor().max(0.0) as usize)
+            .map(|s| s.as_ref().to_string())
+            .unwrap_or_default()
+    } else {
+        String::new()
+    }
+}
+
 /// Every chart's legend: a white box with a black border, at `pos`.
 pub fn legend<'a, CT: CoordTranslate>(
     chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
@@ -162,4 +175,16 @@ pub fn finish_chart<'a, CT: CoordTranslate>(
     legend(chart, pos)?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn slot_labels_name_each_category_at_its_centre_only() {
+        let names = ["a", "b"];
+        assert_eq!(super::slot_label(&names, 0.5), "a");
+        assert_eq!(super::slot_label(&names, 1.5), "b");
+        assert_eq!(super::slot_label(&names, 1.0), "");
+        assert_eq!(super::slot_label(&names, 2.5), "");
+    }
 }

@@ -219,21 +219,11 @@ pub fn plot(results: &[SideResult], w: &Workload, path: &Path) -> anyhow::Result
         .y_label_area_size(60)
         .build_cartesian_2d(0f64..n as f64, 0f64..ymax)?;
     let names: Vec<&str> = metrics.iter().map(|m| m.0).collect();
-    let label_of = |x: &f64| {
-        let i = x.floor().max(0.0) as usize;
-        names.get(i).map(|s| s.to_string()).unwrap_or_default()
-    };
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(n * 2 + 1)
-        .x_label_formatter(&|x: &f64| {
-            if (x.fract() - 0.5).abs() < 1e-6 {
-                label_of(x)
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&|x: &f64| crate::report::slot_label(&names, *x))
         .y_desc(format!(
             "relative to {} (lower is better but for ratios)",
             reference.label

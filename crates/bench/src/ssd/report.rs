@@ -565,16 +565,7 @@ fn plot(summaries: &[CaseSummary], sides: &[Side], plan: &Plan, path: &Path) -> 
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(n * 2 + 1)
-        .x_label_formatter(&|x: &f64| {
-            if (x.fract() - 0.5).abs() < 1e-6 {
-                names
-                    .get(x.floor().max(0.0) as usize)
-                    .cloned()
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&|x: &f64| crate::report::slot_label(&names, *x))
         .y_desc("mean latency per operation, us (log scale; lower is better)")
         .x_desc("* pale: not verified (the run did not measure the disk, see the JSON)")
         .draw()?;
