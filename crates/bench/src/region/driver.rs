@@ -160,8 +160,9 @@ pub struct Lat {
     pub max_us: f64,
 }
 
+/// The summary of a histogram of nanoseconds (all zero, no mean, when it is empty).
 impl Lat {
-    fn from_histogram(h: &Histogram<u64>) -> Lat {
+    pub fn from_histogram(h: &Histogram<u64>) -> Lat {
         if h.is_empty() {
             return Lat::default();
         }

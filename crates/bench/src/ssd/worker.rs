@@ -135,19 +135,6 @@ fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("static histogram bounds are valid")
 }
 
-/// The latency summary of a histogram of nanoseconds.
-fn summary(h: &Histogram<u64>) -> Lat {
-    let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    Lat {
-        count: h.len(),
-        mean_us: (!h.is_empty()).then(|| h.mean() / 1000.0),
-        p50_us: us(0.5),
-        p99_us: us(0.99),
-        p999_us: us(0.999),
-        max_us: h.max() as f64 / 1000.0,
-    }
-}
-
 /// A progress bar over `n` operations (hidden when stderr is not a terminal).
 fn ops_bar(n: u64, msg: String) -> indicatif::ProgressBar {
     let pb = progress_bar(n, msg);
@@ -391,7 +378,7 @@ fn objects(a: &SsdWorkerArgs) -> anyhow::Result<WorkerReport> {
         if !h.is_empty() {
             phases.push(Phase {
                 name: name.into(),
-                latency: summary(h),
+                latency: Lat::from_histogram(h),
             });
         }
     }
@@ -415,7 +402,7 @@ fn objects(a: &SsdWorkerArgs) -> anyhow::Result<WorkerReport> {
         writes: nw,
         run_s,
         ops_per_s: (nr + nw) as f64 / run_s.max(1e-9),
-        latency: summary(&all),
+        latency: Lat::from_histogram(&all),
         phases,
         run_usage,
         verify,
@@ -570,7 +557,7 @@ fn bloom(a: &SsdWorkerArgs) -> anyhow::Result<WorkerReport> {
         .zip(&hist)
         .map(|(name, h)| Phase {
             name: name.to_string(),
-            latency: summary(h),
+            latency: Lat::from_histogram(h),
         })
         .collect();
     Ok(WorkerReport {
@@ -590,7 +577,7 @@ fn bloom(a: &SsdWorkerArgs) -> anyhow::Result<WorkerReport> {
         writes: n,
         run_s,
         ops_per_s: (3 * n) as f64 / run_s.max(1e-9),
-        latency: summary(&all),
+        latency: Lat::from_histogram(&all),
         phases,
         run_usage,
         verify,
