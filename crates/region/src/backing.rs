@@ -62,12 +62,6 @@ pub trait BackingStore: Send + Sync {
 
     /// The store's statistics (zram mm_stat meanings).
     fn stats(&self) -> StoreStats;
-
-    /// Makes room for about `bytes` more of compressed data by moving cold data to a lower
-    /// tier, now: how many bytes it moved (0: nothing could move, or there is no lower tier).
-    fn make_room(&self, _bytes: u64) -> u64 {
-        0
-    }
 }
 
 /// Makes an empty store like the region's own: the region's first store, then one per forked
@@ -100,8 +94,5 @@ impl BackingStore for PageStore {
     }
     fn stats(&self) -> StoreStats {
         StoreCore::stats(self)
-    }
-    fn make_room(&self, bytes: u64) -> u64 {
-        StoreCore::writeback(self, bytes).map_or(0, |w| w.bytes)
     }
 }

@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use std::sync::Weak;
 use zmem_os::SpinLock;
-use zmem_store::StoreError;
 
-use crate::backing::BackingStore;
 use crate::config::PAGE;
 use crate::error::RegionError;
 use crate::manager::{Shared, Space, SpaceInner};
@@ -220,7 +218,7 @@ impl Shared {
                 // Faulting pages still have their store entry (discarded only after mapping).
                 Stored | Faulting => match parent.store.read(i as u64, &mut page) {
                     Ok(()) => {
-                        write_making_room(&*store, i as u64, &page)?;
+                        store.write(i as u64, &page)?;
                         state.init(i, Stored);
                     }
                     // A page whose only copy is unreadable (corrupt, a failed SSD read) is lost
@@ -237,7 +235,7 @@ impl Shared {
                     // SAFETY: a Staged page's slot holds the moved page until the state
                     // changes, which needs the lock our caller holds.
                     let src = unsafe { std::slice::from_raw_parts(slot as *const u8, PAGE) };
-                    write_making_room(&*store, i as u64, src)?;
+                    store.write(i as u64, src)?;
                     state.init(i, Stored);
                 }
                 // Present at fork time: the child has its own copy-on-write mapping.
@@ -276,16 +274,5 @@ impl Shared {
             }
             !gone
         });
-    }
-}
-
-/// Writes a page of a child's snapshot; where the child's store is full, its lower tier (if
-/// any) takes cold pages first: a snapshot larger than the store limit still completes.
-fn write_making_room(store: &dyn BackingStore, index: u64, page: &[u8]) -> Result<(), StoreError> {
-    match store.write(index, page) {
-        Err(StoreError::MemoryLimit { .. }) if store.make_room(1 << 20) > 0 => {
-            store.write(index, page)
-        }
-        r => r,
     }
 }
