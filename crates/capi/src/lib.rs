@@ -412,10 +412,14 @@ fn config_from(o: &zmem_options) -> Result<RegionConfig, Failure> {
         let path = unsafe { CStr::from_ptr(o.ssd_path) };
         let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(path.to_bytes()));
         if cfg.store_limit.is_none() {
-            let resident = if o.adaptive { 64 << 20 } else { o.resident / 4 };
-            cfg.store_limit = Some(resident.max(16 << 20));
+            let fixed = (!o.adaptive).then_some(o.resident);
+            cfg.store_limit = Some(::zmem_region::default_ssd_store_limit(fixed));
         }
-        let size = if o.ssd_size == 0 { 4 << 30 } else { o.ssd_size };
+        let size = if o.ssd_size == 0 {
+            ::zmem_region::DEFAULT_SSD_SIZE
+        } else {
+            o.ssd_size
+        };
         let mut lc = zmem_tier::LogConfig::new(path.clone(), size);
         lc.encrypt = !o.ssd_no_encrypt;
         let log = zmem_tier::Log::open(lc).map_err(|e| Failure {

@@ -102,6 +102,21 @@ pub fn default_evict_group(policy: Policy) -> usize {
     }
 }
 
+/// The SSD log's default size (`zmem run --ssd-size`, the C API's `ssd_size` 0).
+pub const DEFAULT_SSD_SIZE: u64 = 4 << 30;
+/// The least store limit an SSD tier gets by default.
+pub const MIN_SSD_STORE_LIMIT: u64 = 16 << 20;
+
+/// The store limit of a region with an SSD tier when none is set (the tier writes back as the
+/// store nears it): a quarter of a fixed budget, at least [`MIN_SSD_STORE_LIMIT`]; 4x that
+/// under an adaptive budget (`None`). The one rule of `zmem run` and the C API.
+pub fn default_ssd_store_limit(fixed_budget: Option<u64>) -> u64 {
+    match fixed_budget {
+        Some(r) => (r / 4).max(MIN_SSD_STORE_LIMIT),
+        None => 4 * MIN_SSD_STORE_LIMIT,
+    }
+}
+
 /// A configuration that passed [`RegionConfig::validate`], in the units a region works in.
 pub(crate) struct Checked {
     /// Bytes of address space (whole pages).

@@ -47,7 +47,8 @@ use state::StateTable;
 pub use backing::{BackingStore, StoreFactory};
 pub use budget::{AdaptiveConfig, BudgetSample};
 pub use config::{
-    default_evict_group, Budget, RegionConfig, MIN_BUDGET_BYTES, MIN_BUDGET_PAGES, PAGE,
+    default_evict_group, default_ssd_store_limit, Budget, RegionConfig, DEFAULT_SSD_SIZE,
+    MIN_BUDGET_BYTES, MIN_BUDGET_PAGES, MIN_SSD_STORE_LIMIT, PAGE,
 };
 pub use error::RegionError;
 /// Whether this machine can run regions: what `zmem doctor` asks.

@@ -91,12 +91,7 @@ pub const ALL_VARS: [&str; 19] = [
 
 /// The default resident budget when neither `ZMEM_RESIDENT` nor `ZMEM_ADAPTIVE` is set.
 pub const DEFAULT_RESIDENT: u64 = 256 << 20;
-/// The SSD log's default size.
-pub const DEFAULT_SSD_SIZE: u64 = 4 << 30;
-/// With an SSD tier and no store limit, the store may use this fraction of the resident budget
-/// (at least [`MIN_SSD_STORE_LIMIT`]): the tier writes back as the store nears it.
-pub const SSD_STORE_LIMIT_PER_RESIDENT: u64 = 4;
-pub const MIN_SSD_STORE_LIMIT: u64 = 16 << 20;
+pub use zmem_region::{DEFAULT_SSD_SIZE, MIN_SSD_STORE_LIMIT};
 /// The heap's default virtual size is this many times the machine's memory (untouched pages
 /// cost nothing but address space).
 pub const DEFAULT_SIZE_PER_RAM: u64 = 4;
@@ -194,10 +189,7 @@ impl RunConfig {
         match (self.store_limit, &self.ssd) {
             (Some(l), _) => Some(l),
             (None, None) => None,
-            (None, Some(_)) => Some(match self.resident {
-                Some(r) => (r / SSD_STORE_LIMIT_PER_RESIDENT).max(MIN_SSD_STORE_LIMIT),
-                None => 4 * MIN_SSD_STORE_LIMIT,
-            }),
+            (None, Some(_)) => Some(zmem_region::default_ssd_store_limit(self.resident)),
         }
     }
 
