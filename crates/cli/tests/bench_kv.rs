@@ -2,7 +2,8 @@
 //! installed) small real runs of the `noswap` and `zram` configurations whose JSON is checked and
 //! after which the machine is as it was (zram0 reset, no swap left, no benchmark cgroup), also
 //! after an interrupt. The `zmem` configuration runs when this build has `zmem run`, and fails
-//! with a clear message otherwise.
+//! with a clear message otherwise. The SSD configurations (`swapfile`, `zmem-ssd`) run on memcached
+//! with a swap file and zmem's log in a fresh directory under /var/tmp, which is empty afterwards.
 
 mod support;
 
@@ -49,6 +50,29 @@ fn bad_input_is_one_line_and_exit_2() {
             &b(&["--server", "/nonexistent/server"]),
             "/nonexistent/server",
         );
+        fails_with(
+            &b(&["--configs", "swapfile", "--ssd-dir", "/nonexistent/ssd"]),
+            "--ssd-dir /nonexistent/ssd: No such file or directory",
+        );
+        fails_with(
+            &b(&["--configs", "zmem-ssd", "--ssd-size", "4M"]),
+            "--ssd-size 4M is too small",
+        );
+        fails_with(
+            &b(&["--configs", "zmem-ssd", "--limit", "64M"]),
+            "--limit 64M minus --ssd-store-limit 16M minus --margin 48M leaves 0",
+        );
+        // Only the SSD configurations look at --ssd-dir.
+        if std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("tmpfs /dev/shm "))
+        {
+            fails_with(
+                &b(&["--configs", "noswap,swapfile", "--ssd-dir", "/dev/shm"]),
+                "--ssd-dir /dev/shm is on tmpfs",
+            );
+        }
     }
 }
 
@@ -74,6 +98,11 @@ fn help_lists_the_flags() {
             "--corpus",
             "--server",
             "--zram-full-stall",
+            "--ssd-dir",
+            "--ssd-size",
+            "--ssd-store-limit",
+            "--ssd-no-encrypt",
+            "zmem-ssd",
         ] {
             assert!(s.contains(opt), "{server}: help lacks {opt}");
         }
@@ -409,4 +438,154 @@ fn zmem_config_runs_or_says_why_not() {
     assert_eq!(r["stop"]["kind"], "max-data", "{}", r["stop"]);
     assert!(r["data_held"].as_u64().unwrap() >= 80 * MIB);
     assert_eq!(r["cgroup_limit"], 128 * MIB);
+}
+
+/// The SSD tier against a kernel swap file at the same DRAM (issue 13), small: 128M of values
+/// with a 32M limit (4x), every GET verified; the swap file really swapped, zmem's log really
+/// written and read back, encrypted; afterwards the directory is empty, /proc/swaps and the
+/// cgroups as before.
+#[test]
+fn memcached_swapfile_and_zmem_ssd() {
+    let _g = kernel();
+    let Some((c, before)) = real_run_possible("memcached", false) else {
+        return;
+    };
+    if !zmem_run_available() {
+        eprintln!("skipped: this build has no `zmem run`");
+        return;
+    }
+    let ssd = match tempfile::tempdir_in("/var/tmp") {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("skipped: no directory in /var/tmp: {e}");
+            return;
+        }
+    };
+    let dir = tmpdir();
+    let json = dir.path().join("kv.json");
+    let svg = dir.path().join("kv.svg");
+    let (js, ss, ds) = (
+        json.display().to_string(),
+        svg.display().to_string(),
+        ssd.path().display().to_string(),
+    );
+    let t0 = Instant::now();
+    let out = zmem(&[
+        "bench",
+        "memcached",
+        "--configs",
+        "swapfile,zmem-ssd",
+        "--limit",
+        "32M",
+        // zmem's tables grow with the data beside the budgets: room for them.
+        "--margin",
+        "12M",
+        "--ssd-store-limit",
+        "4M",
+        "--step",
+        "16M",
+        "--max-data",
+        "128M",
+        "--gets",
+        "1000",
+        "--ssd-dir",
+        &ds,
+        "--ssd-size",
+        "512M",
+        "--stall-timeout",
+        "60",
+        "--corpus",
+        &c,
+        "--json",
+        &js,
+        "--svg",
+        &ss,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{:.1} s\n{stdout}", t0.elapsed().as_secs_f64());
+    assert_eq!(machine_state(), before, "machine not restored; {stderr}");
+    let left: Vec<_> = std::fs::read_dir(ssd.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "{ds} is not empty: {left:?}; {stderr}");
+    let doc = read_json(&json);
+    if let Some(why) = doc["skipped"][0]["reason"].as_str() {
+        if why.contains("cannot find libzmem_preload.so") {
+            eprintln!("skipped: the preload library is not built: {why}");
+            return;
+        }
+    }
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(doc["error"].is_null(), "{}", doc["error"]);
+    let plan = &doc["plan"]["ssd"];
+    assert_eq!(plan["dir"], ds.as_str());
+    assert_eq!(plan["size"], 512 * MIB);
+    assert_eq!(
+        (plan["resident"].as_u64(), plan["store_limit"].as_u64()),
+        (Some(16 * MIB), Some(4 * MIB))
+    );
+    assert!(!plan["file_system"].as_str().unwrap().is_empty());
+    for name in ["swapfile", "zmem-ssd"] {
+        let r = result(&doc, name);
+        check_config(r, 16 * MIB, 1000);
+        assert_eq!(r["stop"]["kind"], "max-data", "{name}: {}", r["stop"]);
+        assert!(r["data_held"].as_u64().unwrap() >= 128 * MIB, "{name}");
+        assert_eq!(r["cgroup_limit"], 32 * MIB, "{name}");
+        assert_eq!(r["dram_total"], 32 * MIB, "{name}");
+        let peak = r["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["cgroup_max_usage"].as_u64())
+            .max()
+            .unwrap();
+        assert!(peak <= 32 * MIB, "{name}: peak {peak}");
+    }
+    // The kernel really swapped to the file, which is gone now.
+    let sf = result(&doc, "swapfile");
+    let last = sf["steps"].as_array().unwrap().last().unwrap();
+    assert!(
+        last["cgroup_stat"]["swap"].as_u64().unwrap() > 64 * MIB,
+        "{last}"
+    );
+    let path = sf["swapfile"]["path"].as_str().unwrap();
+    assert!(path.starts_with(&ds), "{path}");
+    assert_eq!(sf["swapfile"]["size"], 512 * MIB);
+    assert_eq!(sf["restored"]["swap_file_removed"], true);
+    // zmem wrote its log and read it back, encrypted, nothing corrupt; the log's directory is gone.
+    let zs = result(&doc, "zmem-ssd");
+    let cmd = zs["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        cmd.contains("--ssd-size 512M") && !cmd.contains("--ssd-no-encrypt"),
+        "{cmd}"
+    );
+    let log = &zs["zmem"]["stats"]["ssd"];
+    assert!(log["bytes_written"].as_u64().unwrap() > 32 * MIB, "{log}");
+    assert!(log["reads"].as_u64().unwrap() > 0, "{log}");
+    assert_eq!(log["encrypted"], true, "{log}");
+    assert_eq!(log["corrupt"], 0, "{log}");
+    assert_eq!(zs["zmem"]["log_dir_leftovers"].as_array().unwrap().len(), 0);
+    assert_eq!(zs["restored"]["log_dir_removed"], true);
+    // The ratio at 4x the limit, against its target.
+    let ratios = &doc["ratios"];
+    assert_eq!(ratios["get_at_4x_limit_data"], 128 * MIB);
+    assert!(
+        ratios["get_at_4x_limit_zmem_ssd_over_swapfile"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(stdout.contains("zmem-ssd / swapfile:"), "{stdout}");
+    assert!(stdout.contains("zmem-ssd GET/s"), "{stdout}");
+    assert!(!stdout.contains("zmem / zram"), "{stdout}");
+    for step in ["swapoff", "removed swap file", "removed cgroup"] {
+        assert!(stderr.contains(step), "{step:?} missing: {stderr}");
+    }
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.contains("zmem-ssd") && svg_text.contains("swapfile"));
 }

@@ -25,7 +25,9 @@ use super::values::{key, key_string, mix, Values};
 use super::{KvConfig, VALUE_MAX, VALUE_MIN};
 use crate::kernel::memcg::MemCgroup;
 use crate::kernel::swap::SwapOn;
+use crate::kernel::swapfile::SwapFile;
 use crate::kernel::zram::ZramSession;
+use crate::ssd::run::LogDir;
 
 /// The steps of one configuration until it ends; Err for an interrupt or a hard error.
 pub(super) fn load_loop(
@@ -447,11 +449,14 @@ pub(super) fn get_phase(
 #[error("{0}")]
 pub struct HardError(pub String);
 
-/// Guards of one configuration, dropped in reverse order: server, poller, cgroup, swap, zram.
+/// Guards of one configuration, dropped in reverse order: server, poller, cgroup, zmem's log
+/// directory, swap file, swap, zram.
 #[derive(Default)]
 pub(super) struct Guards {
     pub(super) zram: Option<ZramSession>,
     pub(super) swap: Option<SwapOn>,
+    pub(super) swapfile: Option<SwapFile>,
+    pub(super) log_dir: Option<LogDir>,
     pub(super) cgroup: Option<MemCgroup>,
     pub(super) poller: Option<StatPoller>,
     pub(super) server: Option<Server>,
@@ -462,6 +467,8 @@ impl Drop for Guards {
         drop(self.server.take());
         drop(self.poller.take());
         drop(self.cgroup.take());
+        drop(self.log_dir.take());
+        drop(self.swapfile.take());
         drop(self.swap.take());
         drop(self.zram.take());
     }

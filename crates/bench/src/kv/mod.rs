@@ -11,13 +11,22 @@
 //!   `--compressed` (zram's memory is not charged to a v1 cgroup);
 //! - `zmem`: the server under `zmem run` (its heap in a zmem region) in a cgroup of `--limit` +
 //!   `--compressed` (the compressed pool lives in the process and is charged there), so the
-//!   DRAM is the same as zram's.
+//!   DRAM is the same as zram's;
+//! - `swapfile` (issue 13, asked for with `--configs`): `--limit` with a swap file of
+//!   `--ssd-size` on the file system of `--ssd-dir` as the only swap the run adds (highest
+//!   priority), created, swapped off and deleted by the run
+//!   ([`crate::kernel::swapfile::SwapFile`]);
+//! - `zmem-ssd`: the server under `zmem run --ssd DIR --ssd-size S --resident R --store-limit P`
+//!   in a cgroup of `--limit` without kernel swap, R + P + `--margin` = `--limit` (P =
+//!   `--ssd-store-limit`, default a quarter of `--limit`): the same DRAM as `swapfile`, the log
+//!   encrypted (zmem's default) on the same file system.
 //!
 //! Each configuration ends when the server dies (the data size of the last step fully loaded and
 //! verified is its "data at OOM"), when a connection fails, or at `--max-data`. The machine is
 //! restored as found by guards, on success, on error and after Ctrl-C alike: the server is
 //! stopped by the pid this process started (SIGTERM, then SIGKILL, always reaped; what is left
-//! in its cgroup is killed by pid too), the cgroup removed, swap turned off, zram0 reset.
+//! in its cgroup is killed by pid too), the cgroup removed, swap turned off, zram0 reset, the
+//! swap file deleted, zmem's log directory removed.
 //!
 //! The protocol clients are small hand-written ones over `TcpStream` ([`super::redis`] speaks
 //! RESP, [`super::memcached`] the memcached text protocol), pipelined. Submodules: `client`
@@ -66,10 +75,14 @@ pub const LOG_TAIL: usize = 300;
 pub const TARGET_DATA_VS_ZRAM: f64 = 1.66;
 pub const TARGET_DATA_VS_NOSWAP: f64 = 3.0;
 pub const TARGET_GET_VS_ZRAM: f64 = 1.0;
+/// Issue 13: memcached at 4x its DRAM limit, GET/s zmem-ssd / kernel swap file.
+pub const TARGET_GET_SSD_VS_SWAPFILE: f64 = 1.5;
+/// Where the SSD configurations put their swap file or log by default.
+pub const DEFAULT_SSD_DIR: &str = "/var/tmp";
 
-/// The three configurations.
+/// The configurations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum KvConfig {
     /// A memory cgroup limit, no swap: the server is OOM-killed.
     Noswap,
@@ -77,6 +90,11 @@ pub enum KvConfig {
     Zram,
     /// The server under `zmem run` in a cgroup of --limit + --compressed.
     Zmem,
+    /// The same limit with a swap file of --ssd-size in --ssd-dir as swap.
+    Swapfile,
+    /// The server under `zmem run --ssd` (its log in --ssd-dir) in a cgroup of --limit: the
+    /// same DRAM as swapfile, no kernel swap.
+    ZmemSsd,
 }
 
 impl KvConfig {
@@ -85,7 +103,19 @@ impl KvConfig {
             KvConfig::Noswap => "noswap",
             KvConfig::Zram => "zram",
             KvConfig::Zmem => "zmem",
+            KvConfig::Swapfile => "swapfile",
+            KvConfig::ZmemSsd => "zmem-ssd",
         }
+    }
+
+    /// Whether the server runs under `zmem run`.
+    pub fn is_zmem(self) -> bool {
+        matches!(self, KvConfig::Zmem | KvConfig::ZmemSsd)
+    }
+
+    /// Whether it needs `--ssd-dir` (a swap file or zmem's log there).
+    pub fn is_ssd(self) -> bool {
+        matches!(self, KvConfig::Swapfile | KvConfig::ZmemSsd)
     }
 }
 
@@ -115,7 +145,8 @@ pub struct KvArgs {
     /// Client connections (one thread each).
     #[arg(long, default_value_t = 2)]
     pub clients: usize,
-    /// Configurations to run, in this order, comma separated.
+    /// Configurations to run, in this order, comma separated; the SSD tier's (issue 13):
+    /// swapfile,zmem-ssd.
     #[arg(
         long,
         value_enum,
@@ -127,7 +158,7 @@ pub struct KvArgs {
     #[arg(long, default_value = "lz4")]
     pub zram_alg: String,
     /// zmem: memory of the server outside its heap (code, stacks, zmem's own tables); the heap's
-    /// resident budget is --limit minus this.
+    /// resident budget is --limit minus this (zmem-ssd: minus --ssd-store-limit too).
     #[arg(long, value_parser = parse_size, default_value = "48M")]
     pub margin: u64,
     /// zmem: compression policy passed to `zmem run` [default: zmem run's].
@@ -136,6 +167,20 @@ pub struct KvArgs {
     /// zmem: virtual size of the heap region [default: 2 x --max-data + 256M].
     #[arg(long, value_parser = parse_size)]
     pub zmem_size: Option<u64>,
+    /// swapfile, zmem-ssd: the directory of the swap file and of zmem's log (a disk file system
+    /// such as ext4 or xfs; not tmpfs or btrfs).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_SSD_DIR)]
+    pub ssd_dir: PathBuf,
+    /// swapfile, zmem-ssd: the swap file's size and zmem's --ssd-size [default: --max-data + 1G].
+    #[arg(long, value_parser = parse_size)]
+    pub ssd_size: Option<u64>,
+    /// zmem-ssd: zmem's --store-limit, the DRAM of its compressed pool inside --limit; the
+    /// resident heap gets --limit minus this minus --margin [default: --limit / 4].
+    #[arg(long, value_parser = parse_size)]
+    pub ssd_store_limit: Option<u64>,
+    /// zmem-ssd: pass --ssd-no-encrypt to `zmem run` (the log is encrypted by default).
+    #[arg(long)]
+    pub ssd_no_encrypt: bool,
     /// The server binary [default: redis-server or memcached, from PATH].
     #[arg(long)]
     pub server: Option<PathBuf>,

@@ -6,10 +6,33 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::kernel::swapfile::{fs_available, fs_type, FREE_RESERVE};
 use zmem_runenv::size::format_size;
 
 use super::server::ServerSpec;
 use super::{KvArgs, KvConfig, MIB, VALUE_MAX, VALUE_MIN};
+
+/// The least log or swap file (`zmem run`'s least --ssd-size).
+pub const MIN_SSD_SIZE: u64 = 16 * MIB;
+
+/// The settings of the SSD configurations (`swapfile`, `zmem-ssd`): both use `dir`'s file system
+/// and the same DRAM, `--limit`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SsdPlan {
+    pub dir: PathBuf,
+    /// The file system type of `dir` ("ext4", "xfs", ...).
+    pub file_system: String,
+    /// Bytes free on it when the run started.
+    pub free_bytes: u64,
+    /// The swap file's size and zmem's --ssd-size.
+    pub size: u64,
+    /// zmem-ssd: --resident and --store-limit; resident + store_limit + margin = --limit.
+    pub resident: u64,
+    pub store_limit: u64,
+    pub margin: u64,
+    /// zmem-ssd: the log is encrypted (false with --ssd-no-encrypt).
+    pub encrypt: bool,
+}
 
 /// The run's parameters after validation.
 #[derive(Clone, Debug, Serialize)]
@@ -33,6 +56,8 @@ pub struct Plan {
     pub value_bytes: (usize, usize),
     pub stall_timeout_s: u64,
     pub zram_full_stall_s: u64,
+    /// The SSD configurations' settings, when one of them is asked for.
+    pub ssd: Option<SsdPlan>,
 }
 
 impl Plan {
@@ -106,6 +131,12 @@ impl Plan {
             format_size(zmem_size),
             format_size(zmem_resident)
         );
+        let ssd = args
+            .configs
+            .iter()
+            .any(|c| c.is_ssd())
+            .then(|| ssd_plan(args, max_data))
+            .transpose()?;
         let server_bin = find_binary(args.server.as_deref(), spec)?;
         let server_version = binary_version(&server_bin, spec.version_arg);
         Ok(Plan {
@@ -128,12 +159,101 @@ impl Plan {
             value_bytes: (VALUE_MIN, VALUE_MAX),
             stall_timeout_s: args.stall_timeout,
             zram_full_stall_s: args.zram_full_stall,
+            ssd,
         })
     }
 
     pub(super) fn stall(&self) -> Duration {
         Duration::from_secs(self.stall_timeout_s)
     }
+}
+
+/// The SSD configurations' sizes (zmem-ssd's split of `--limit` checked only when it runs) and
+/// their directory, checked: it must exist, be on a file system the kernel swaps to files on,
+/// and have room for the swap file (or log) and [`FREE_RESERVE`] to spare. The two
+/// configurations run one after the other, so the room is needed once.
+pub fn ssd_plan(args: &KvArgs, max_data: u64) -> anyhow::Result<SsdPlan> {
+    let size = args
+        .ssd_size
+        .unwrap_or_else(|| (max_data + 1024 * MIB).div_ceil(MIB) * MIB);
+    anyhow::ensure!(
+        size >= MIN_SSD_SIZE,
+        "--ssd-size {} is too small (at least {})",
+        format_size(size),
+        format_size(MIN_SSD_SIZE)
+    );
+    let (resident, store_limit) = ssd_split(args.limit, args.margin, args.ssd_store_limit);
+    if args.configs.contains(&KvConfig::ZmemSsd) {
+        anyhow::ensure!(
+            store_limit >= MIB,
+            "--ssd-store-limit {} is too small (at least 1M)",
+            format_size(store_limit)
+        );
+        anyhow::ensure!(
+            resident >= 16 * MIB,
+            "--limit {} minus --ssd-store-limit {} minus --margin {} leaves {} for zmem-ssd's \
+             resident heap (at least 16M)",
+            format_size(args.limit),
+            format_size(store_limit),
+            format_size(args.margin),
+            format_size(resident)
+        );
+    }
+    let dir = &args.ssd_dir;
+    let file_system = check_ssd_dir(dir)?;
+    let free_bytes = fs_available(dir)?;
+    anyhow::ensure!(
+        free_bytes >= size + FREE_RESERVE,
+        "--ssd-dir {} has {} free; --ssd-size {} needs that and {} to spare",
+        dir.display(),
+        format_size(free_bytes),
+        format_size(size),
+        format_size(FREE_RESERVE)
+    );
+    Ok(SsdPlan {
+        dir: dir.clone(),
+        file_system,
+        free_bytes,
+        size,
+        resident,
+        store_limit,
+        margin: args.margin,
+        encrypt: !args.ssd_no_encrypt,
+    })
+}
+
+/// zmem-ssd's resident heap and store limit out of `limit` (the store limit a quarter of it
+/// unless given, whole MiB): what is not `margin` is heap, DRAM or compressed, so that its
+/// cgroup holds the same DRAM as the swap file's, where the kernel has no compressed pool
+/// either. The resident part saturates at 0 (checked by the caller).
+pub fn ssd_split(limit: u64, margin: u64, store_limit: Option<u64>) -> (u64, u64) {
+    let store = store_limit.unwrap_or(limit / 4 / MIB * MIB);
+    (limit.saturating_sub(store).saturating_sub(margin), store)
+}
+
+/// The file system type of `dir`, or why the SSD configurations cannot use it.
+pub fn check_ssd_dir(dir: &Path) -> anyhow::Result<String> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => anyhow::bail!("--ssd-dir {} is not a directory", dir.display()),
+        Err(e) => anyhow::bail!("--ssd-dir {}: {e}", dir.display()),
+    }
+    let fs = fs_type(dir)?;
+    let why = match fs.as_str() {
+        "tmpfs" | "ramfs" => Some("memory, not a disk: a swap file cannot live there"),
+        "overlayfs" | "nfs" => Some("a file system the kernel cannot swap to a file on"),
+        "btrfs" => {
+            Some("btrfs, which takes a swap file only made NOCOW, as this benchmark does not")
+        }
+        _ => None,
+    };
+    if let Some(why) = why {
+        anyhow::bail!(
+            "--ssd-dir {} is on {fs}: {why}; use a directory on a disk file system (ext4, xfs)",
+            dir.display()
+        );
+    }
+    Ok(fs)
 }
 
 /// `--server` as given (it must exist), or the server's name looked up in PATH.
@@ -188,6 +308,95 @@ pub(super) fn binary_version(bin: &Path, arg: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct P {
+        #[command(flatten)]
+        a: KvArgs,
+    }
+
+    fn args(extra: &[&str]) -> KvArgs {
+        let mut v = vec!["x"];
+        v.extend_from_slice(extra);
+        P::parse_from(v).a
+    }
+
+    #[test]
+    fn ssd_split_leaves_the_margin_and_a_quarter_for_the_pool() {
+        assert_eq!(ssd_split(128 * MIB, 48 * MIB, None), (48 * MIB, 32 * MIB));
+        assert_eq!(
+            ssd_split(128 * MIB, 16 * MIB, Some(64 * MIB)),
+            (48 * MIB, 64 * MIB)
+        );
+        // A quarter in whole MiB.
+        assert_eq!(ssd_split(50 * MIB, 8 * MIB, None).1, 12 * MIB);
+        assert_eq!(ssd_split(32 * MIB, 48 * MIB, None), (0, 8 * MIB));
+    }
+
+    #[test]
+    fn ssd_plan_sizes_and_errors() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let d = dir.path().display().to_string();
+        let a = args(&[
+            "--configs",
+            "swapfile,zmem-ssd",
+            "--limit",
+            "128M",
+            "--ssd-dir",
+            &d,
+        ]);
+        let fs = fs_type(dir.path()).unwrap();
+        if check_ssd_dir(dir.path()).is_err() {
+            eprintln!("skipped: /var/tmp is on {fs}");
+            return;
+        }
+        let p = ssd_plan(&a, 512 * MIB).unwrap();
+        assert_eq!(p.size, 1536 * MIB);
+        assert_eq!((p.resident, p.store_limit), (48 * MIB, 32 * MIB));
+        assert_eq!(p.file_system, fs);
+        assert!(p.encrypt);
+        // The split is checked only when zmem-ssd runs.
+        let small = ["--limit", "64M", "--ssd-dir", &d];
+        let e = ssd_plan(
+            &args(&[&["--configs", "zmem-ssd"], &small[..]].concat()),
+            MIB,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("leaves 0 for zmem-ssd's resident heap"), "{e}");
+        assert!(ssd_plan(
+            &args(&[&["--configs", "swapfile"], &small[..]].concat()),
+            MIB
+        )
+        .is_ok());
+        let e = ssd_plan(&args(&["--ssd-size", "4M", "--ssd-dir", &d]), MIB)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--ssd-size 4M is too small"), "{e}");
+        let e = ssd_plan(&args(&["--ssd-size", "1000000G", "--ssd-dir", &d]), MIB)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("free; --ssd-size 1000000G needs that"), "{e}");
+    }
+
+    #[test]
+    fn ssd_dir_must_exist_and_be_on_a_disk() {
+        let e = check_ssd_dir(Path::new("/nonexistent/zmem")).unwrap_err();
+        assert!(
+            e.to_string().starts_with("--ssd-dir /nonexistent/zmem: "),
+            "{e}"
+        );
+        let e = check_ssd_dir(Path::new("/proc/self/status")).unwrap_err();
+        assert!(e.to_string().contains("is not a directory"), "{e}");
+        let shm = Path::new("/dev/shm");
+        if fs_type(shm).is_ok_and(|t| t == "tmpfs") {
+            let e = check_ssd_dir(shm).unwrap_err().to_string();
+            assert!(e.contains("/dev/shm is on tmpfs"), "{e}");
+        } else {
+            eprintln!("note: /dev/shm is not tmpfs here: that case is not checked");
+        }
+    }
 
     #[test]
     fn versions_are_short() {

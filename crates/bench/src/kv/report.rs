@@ -8,7 +8,10 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::plan::Plan;
-use super::{KvConfig, MIB, TARGET_DATA_VS_NOSWAP, TARGET_DATA_VS_ZRAM, TARGET_GET_VS_ZRAM};
+use super::{
+    KvConfig, MIB, TARGET_DATA_VS_NOSWAP, TARGET_DATA_VS_ZRAM, TARGET_GET_SSD_VS_SWAPFILE,
+    TARGET_GET_VS_ZRAM,
+};
 use crate::kernel::zram::MmStat;
 use crate::report::{legend, text_table};
 use zmem_runenv::size::{format_mib, format_size};
@@ -76,7 +79,11 @@ pub struct ConfigResult {
     pub server_log_tail: Vec<String>,
     pub server_log_key_lines: Vec<String>,
     pub zram: Option<serde_json::Value>,
+    /// zmem and zmem-ssd: `zmem run`'s settings, its statistics at exit (`stats`: the DRAM it
+    /// took, the SSD tier's log).
     pub zmem: Option<serde_json::Value>,
+    /// swapfile: the swap file (path, size, file system, allocation, priority).
+    pub swapfile: Option<serde_json::Value>,
     pub restored: serde_json::Value,
     pub wall_s: f64,
 }
@@ -107,6 +114,12 @@ pub struct Ratios {
     /// GET ops/s zmem / zram at the first step of at least twice --limit.
     pub get_at_twice_limit_zmem_over_zram: Option<f64>,
     pub get_at_twice_limit_data: u64,
+    /// Issue 13: GET ops/s of the SSD configurations at the first step of at least 4x --limit,
+    /// and zmem-ssd / swapfile.
+    pub get_at_4x_limit_data: u64,
+    pub get_at_4x_limit_swapfile: Option<f64>,
+    pub get_at_4x_limit_zmem_ssd: Option<f64>,
+    pub get_at_4x_limit_zmem_ssd_over_swapfile: Option<f64>,
     pub targets: serde_json::Value,
 }
 
@@ -120,6 +133,9 @@ pub fn ratios(results: &[ConfigResult], limit: u64) -> Ratios {
     let div = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
     let twice = 2 * limit;
     let get_at = |r: &ConfigResult| r.step_at(twice).and_then(|s| s.get_ops_s);
+    let four = 4 * limit;
+    let get_at_4x = |c: KvConfig| find(c)?.step_at(four)?.get_ops_s;
+    let (sf, zs) = (get_at_4x(KvConfig::Swapfile), get_at_4x(KvConfig::ZmemSsd));
     Ratios {
         data_zmem_over_zram: m.zip(z).and_then(|(m, z)| div(m.data_held, z.data_held)),
         data_zmem_over_noswap: m.zip(n).and_then(|(m, n)| div(m.data_held, n.data_held)),
@@ -129,10 +145,18 @@ pub fn ratios(results: &[ConfigResult], limit: u64) -> Ratios {
             .zip(z)
             .and_then(|(m, z)| Some(get_at(m)? / get_at(z)?).filter(|v| v.is_finite())),
         get_at_twice_limit_data: twice,
+        get_at_4x_limit_data: four,
+        get_at_4x_limit_swapfile: sf,
+        get_at_4x_limit_zmem_ssd: zs,
+        get_at_4x_limit_zmem_ssd_over_swapfile: zs
+            .zip(sf)
+            .map(|(z, s)| z / s)
+            .filter(|v| v.is_finite()),
         targets: serde_json::json!({
             "data_zmem_over_zram": TARGET_DATA_VS_ZRAM,
             "data_zmem_over_noswap": TARGET_DATA_VS_NOSWAP,
             "get_at_twice_limit_zmem_over_zram": TARGET_GET_VS_ZRAM,
+            "get_at_4x_limit_zmem_ssd_over_swapfile": TARGET_GET_SSD_VS_SWAPFILE,
         }),
     }
 }
@@ -259,11 +283,95 @@ pub fn step_table(results: &[ConfigResult]) -> String {
     text_table(&header, &rows)
 }
 
-/// The issue's targets: data at OOM zmem/zram and zmem/noswap, GET ops/s at twice the limit.
+/// The issues' targets of the configurations asked for: data at OOM zmem/zram and zmem/noswap,
+/// GET ops/s at twice the limit (issue 10's zram configurations), GET ops/s at 4x the limit
+/// zmem-ssd/swapfile (issue 13).
 pub fn ratio_lines(plan: &Plan, r: &Ratios, results: &[ConfigResult]) -> String {
     let has = |c: KvConfig| results.iter().any(|x| x.config == c);
     let bound = if r.zmem_reached_max_data { ">= " } else { "" };
-    let fmt = |v: Option<f64>, target: f64, pre: &str, missing: &str| match v {
+    // Why a ratio of `a` over `b` is missing.
+    let why = |a: KvConfig, b: KvConfig| {
+        let missing: Vec<&str> = [a, b]
+            .iter()
+            .filter(|c| !has(**c))
+            .map(|c| c.as_str())
+            .collect();
+        if missing.is_empty() {
+            "one of them did not reach that size".to_string()
+        } else {
+            format!("{} did not run", missing.join(" and "))
+        }
+    };
+    let asked = |cs: &[KvConfig]| plan.configs.iter().any(|c| cs.contains(c));
+    let mut lines = Vec::new();
+    if asked(&[KvConfig::Noswap, KvConfig::Zram, KvConfig::Zmem]) {
+        let held = |a, b| {
+            let w = why(a, b);
+            if w.ends_with("did not run") {
+                w
+            } else {
+                "a configuration held nothing".into()
+            }
+        };
+        lines.extend([
+            format!(
+                "data at OOM, zmem / zram:   {}",
+                against_target(
+                    r.data_zmem_over_zram,
+                    TARGET_DATA_VS_ZRAM,
+                    bound,
+                    &held(KvConfig::Zmem, KvConfig::Zram)
+                )
+            ),
+            format!(
+                "data at OOM, zmem / noswap: {}",
+                against_target(
+                    r.data_zmem_over_noswap,
+                    TARGET_DATA_VS_NOSWAP,
+                    bound,
+                    &held(KvConfig::Zmem, KvConfig::Noswap)
+                )
+            ),
+            format!(
+                "GET ops/s at {} (2x --limit), zmem / zram: {}",
+                format_mib(2 * plan.limit),
+                against_target(
+                    r.get_at_twice_limit_zmem_over_zram,
+                    TARGET_GET_VS_ZRAM,
+                    "",
+                    &why(KvConfig::Zmem, KvConfig::Zram)
+                )
+            ),
+        ]);
+        if let Some(v) = r.data_zram_over_noswap {
+            lines.push(format!("data at OOM, zram / noswap: {v:.2}x"));
+        }
+    }
+    if asked(&[KvConfig::Swapfile, KvConfig::ZmemSsd]) {
+        let per = |c: KvConfig, v: Option<f64>| {
+            let v = v.map_or("-".into(), |v| format!("{v:.0}"));
+            format!("{} {v}", c.as_str())
+        };
+        lines.push(format!(
+            "GET ops/s at {} (4x --limit): {}, {}; zmem-ssd / swapfile: {}",
+            format_mib(r.get_at_4x_limit_data),
+            per(KvConfig::Swapfile, r.get_at_4x_limit_swapfile),
+            per(KvConfig::ZmemSsd, r.get_at_4x_limit_zmem_ssd),
+            against_target(
+                r.get_at_4x_limit_zmem_ssd_over_swapfile,
+                TARGET_GET_SSD_VS_SWAPFILE,
+                "",
+                &why(KvConfig::ZmemSsd, KvConfig::Swapfile)
+            )
+        ));
+    }
+    lines.join("\n")
+}
+
+/// A ratio against its target ("1.23x (target >= 1.5: not met)"); `pre` is ">= " for a lower
+/// bound; `missing` says why there is no ratio.
+fn against_target(v: Option<f64>, target: f64, pre: &str, missing: &str) -> String {
+    match v {
         Some(v) => format!(
             "{pre}{v:.2}x (target >= {target}: {})",
             if v >= target {
@@ -275,57 +383,7 @@ pub fn ratio_lines(plan: &Plan, r: &Ratios, results: &[ConfigResult]) -> String 
             }
         ),
         None => format!("n/a ({missing})"),
-    };
-    let why = |a: KvConfig, b: KvConfig| {
-        let missing: Vec<&str> = [a, b]
-            .iter()
-            .filter(|c| !has(**c))
-            .map(|c| c.as_str())
-            .collect();
-        if missing.is_empty() {
-            "a configuration held nothing".to_string()
-        } else {
-            format!("{} did not run", missing.join(" and "))
-        }
-    };
-    let mut lines = vec![
-        format!(
-            "data at OOM, zmem / zram:   {}",
-            fmt(
-                r.data_zmem_over_zram,
-                TARGET_DATA_VS_ZRAM,
-                bound,
-                &why(KvConfig::Zmem, KvConfig::Zram)
-            )
-        ),
-        format!(
-            "data at OOM, zmem / noswap: {}",
-            fmt(
-                r.data_zmem_over_noswap,
-                TARGET_DATA_VS_NOSWAP,
-                bound,
-                &why(KvConfig::Zmem, KvConfig::Noswap)
-            )
-        ),
-        format!(
-            "GET ops/s at {} (2x --limit), zmem / zram: {}",
-            format_mib(2 * plan.limit),
-            fmt(
-                r.get_at_twice_limit_zmem_over_zram,
-                TARGET_GET_VS_ZRAM,
-                "",
-                &if has(KvConfig::Zmem) && has(KvConfig::Zram) {
-                    "one of them did not reach that size".to_string()
-                } else {
-                    why(KvConfig::Zmem, KvConfig::Zram)
-                }
-            )
-        ),
-    ];
-    if let Some(v) = r.data_zram_over_noswap {
-        lines.push(format!("data at OOM, zram / noswap: {v:.2}x"));
     }
-    lines.join("\n")
 }
 
 /// SET and GET throughput against data size, one line per configuration, the OOM points marked.
@@ -338,6 +396,8 @@ pub fn plot(plan: &Plan, results: &[ConfigResult], path: &Path) -> anyhow::Resul
         KvConfig::Noswap => RGBColor(127, 127, 127),
         KvConfig::Zram => RGBColor(31, 119, 180),
         KvConfig::Zmem => RGBColor(214, 39, 40),
+        KvConfig::Swapfile => RGBColor(44, 160, 44),
+        KvConfig::ZmemSsd => RGBColor(148, 103, 189),
     };
     let mib = |b: u64| b as f64 / MIB as f64;
     let xmax = results
@@ -356,14 +416,34 @@ pub fn plot(plan: &Plan, results: &[ConfigResult], path: &Path) -> anyhow::Resul
     let root = SVGBackend::new(path, (1200, 900)).into_drawing_area();
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(40);
+    let mut parts = Vec::new();
+    if results.iter().any(|r| !r.config.is_ssd()) {
+        parts.push(format!(
+            "compressed {} (zram {} mem_limit / zmem store limit)",
+            format_size(plan.compressed),
+            plan.zram_alg
+        ));
+    }
+    if let Some(ssd) = plan
+        .ssd
+        .as_ref()
+        .filter(|_| results.iter().any(|r| r.config.is_ssd()))
+    {
+        parts.push(format!(
+            "swap file / zmem log of {} on {} ({}), zmem-ssd store limit {}",
+            format_size(ssd.size),
+            ssd.dir.display(),
+            ssd.file_system,
+            format_size(ssd.store_limit)
+        ));
+    }
     title.titled(
         &format!(
-            "{} {}: limit {}, compressed {} (zram {} mem_limit / zmem store limit)",
+            "{} {}: limit {}, {}",
             plan.server,
             plan.server_version,
             format_size(plan.limit),
-            format_size(plan.compressed),
-            plan.zram_alg
+            parts.join("; ")
         ),
         ("sans-serif", 20),
     )?;
@@ -489,6 +569,7 @@ mod tests {
             server_log_key_lines: vec![],
             zram: None,
             zmem: None,
+            swapfile: None,
             restored: serde_json::Value::Null,
             wall_s: 0.0,
         }
@@ -510,5 +591,33 @@ mod tests {
         let only = ratios(&rs[..2], 256);
         assert_eq!(only.data_zmem_over_zram, None);
         assert_eq!(only.get_at_twice_limit_zmem_over_zram, None);
+        assert_eq!(r.get_at_4x_limit_zmem_ssd_over_swapfile, None);
+    }
+
+    #[test]
+    fn ssd_ratio_at_four_times_the_limit() {
+        let rs = vec![
+            result(
+                KvConfig::Swapfile,
+                1024,
+                false,
+                &[(512, 90.0), (1024, 20.0), (1100, 10.0)],
+            ),
+            result(
+                KvConfig::ZmemSsd,
+                1100,
+                false,
+                &[(512, 80.0), (1030, 40.0), (1100, 30.0)],
+            ),
+        ];
+        let r = ratios(&rs, 256);
+        assert_eq!(r.get_at_4x_limit_data, 1024);
+        assert_eq!(r.get_at_4x_limit_swapfile, Some(20.0));
+        assert_eq!(r.get_at_4x_limit_zmem_ssd, Some(40.0));
+        assert_eq!(r.get_at_4x_limit_zmem_ssd_over_swapfile, Some(2.0));
+        // A configuration that stopped below 4x the limit has no figure there.
+        let short = ratios(&rs[..1], 512);
+        assert_eq!(short.get_at_4x_limit_swapfile, None);
+        assert_eq!(short.get_at_4x_limit_zmem_ssd_over_swapfile, None);
     }
 }

@@ -9,10 +9,12 @@ use crate::abort::{aborted, Interrupted};
 use crate::corpus::{default_corpus, Corpus};
 use crate::kernel::memcg::{oom_kills, MemCgroup, CGROUP_PREFIX, MEMCG_ROOT};
 use crate::kernel::swap::{other_swap_note, swaps, SwapOn, SWAP_PRIORITY};
+use crate::kernel::swapfile::SwapFile;
 use crate::kernel::zram::{self, ZramSession, ZRAM_INDEX};
 use crate::process::{describe_status, ScratchDir};
 use crate::report::{corpus_info, write_json, MachineInfo};
-use zmem_runenv::size::{format_mib, format_size};
+use crate::ssd::run::{find_ssd, LogDir};
+use zmem_runenv::size::{format_mib, format_size, format_size_approx};
 
 use super::load::{load_loop, Guards, HardError};
 use super::plan::Plan;
@@ -52,11 +54,24 @@ pub fn run(args: &KvArgs, spec: &ServerSpec) -> anyhow::Result<()> {
     }
     let note = other_swap_note(
         &swaps()?,
-        "zram's configuration may use it beside zram0 (noswap and zmem get no swap: \
-         memory.memsw.limit_in_bytes)",
+        "the zram and swapfile configurations may use it beside their own swap (noswap, zmem \
+         and zmem-ssd get no swap: memory.memsw.limit_in_bytes)",
     );
     if let Some(note) = note {
         eprintln!("{note}");
+    }
+    if let Some(ssd) = &plan.ssd {
+        eprintln!(
+            "zmem: SSD configurations on {} ({}, {} free): swap file / log of {}; zmem-ssd: \
+             --resident {} --store-limit {}{}",
+            ssd.dir.display(),
+            ssd.file_system,
+            format_size_approx(ssd.free_bytes),
+            format_size(ssd.size),
+            format_size(ssd.resident),
+            format_size(ssd.store_limit),
+            if ssd.encrypt { "" } else { " --ssd-no-encrypt" }
+        );
     }
     crate::abort::install_abort_handler();
     // Orphans of a server that forks (zmem run's child) become ours, so that they are reaped.
@@ -201,10 +216,31 @@ pub(super) fn run_config(
     let mut g = Guards::default();
     let mut zram_json = None;
     let mut zmem_json = None;
+    let mut swapfile_json = None;
     let cgroup_limit = match c {
         KvConfig::Zmem => plan.limit + plan.compressed,
         _ => plan.limit,
     };
+    let ssd = plan.ssd.as_ref().filter(|_| c.is_ssd());
+    if c == KvConfig::Swapfile {
+        let ssd = ssd.context("no --ssd-dir was checked")?;
+        let f = SwapFile::create(&ssd.dir, ssd.size, SWAP_PRIORITY)?;
+        swapfile_json = Some(serde_json::json!({
+            "path": f.path().display().to_string(),
+            "dir": ssd.dir.display().to_string(),
+            "file_system": ssd.file_system,
+            "size": f.size(),
+            "allocation": f.allocation(),
+            "swap_priority": SWAP_PRIORITY,
+            "swappiness": SWAPFILE_SWAPPINESS,
+        }));
+        g.swapfile = Some(f);
+    }
+    if c == KvConfig::ZmemSsd {
+        let ssd = ssd.context("no --ssd-dir was checked")?;
+        g.log_dir = Some(LogDir::create(&ssd.dir)?);
+    }
+    let log_dir = g.log_dir.as_ref().map(|l| l.path().to_path_buf());
     if c == KvConfig::Zram {
         let mut session = ZramSession::acquire(ZRAM_INDEX)?;
         // Room for everything the server could swap: never the limit of the run.
@@ -231,7 +267,12 @@ pub(super) fn run_config(
     g.cgroup = Some(cg);
     match c {
         KvConfig::Zram => cg_write(&cg_path, "memory.swappiness", "100")?,
-        KvConfig::Noswap | KvConfig::Zmem => {
+        KvConfig::Swapfile => cg_write(
+            &cg_path,
+            "memory.swappiness",
+            &SWAPFILE_SWAPPINESS.to_string(),
+        )?,
+        KvConfig::Noswap | KvConfig::Zmem | KvConfig::ZmemSsd => {
             // No kernel swap at all, even where other swap is active on the machine.
             cg_write(&cg_path, "memory.swappiness", "0")?;
             if cg_path.join("memory.memsw.limit_in_bytes").exists() {
@@ -246,14 +287,27 @@ pub(super) fn run_config(
     g.poller = Some(StatPoller::start(&cg_path));
 
     let mut port = free_port()?;
-    let mut command = server_command(plan, spec, c, port, scratch.path());
-    if c == KvConfig::Zmem {
-        zmem_json = Some(serde_json::json!({
-            "resident": plan.zmem_resident,
-            "store_limit": plan.compressed,
+    let mut command = server_command(plan, spec, c, port, scratch.path(), log_dir.as_deref());
+    let stats_path = zmem_stats_path(scratch.path());
+    if c.is_zmem() {
+        let (resident, store_limit) = zmem_sizes(plan, c);
+        let mut z = serde_json::json!({
+            "resident": resident,
+            "store_limit": store_limit,
             "size": plan.zmem_size,
             "policy": plan.zmem_policy.clone().unwrap_or_else(|| "zmem run's default".into()),
-        }));
+        });
+        if let (Some(ssd), Some(log)) = (ssd, &log_dir) {
+            z["ssd"] = serde_json::json!({
+                "log_dir": log.display().to_string(),
+                "dir": ssd.dir.display().to_string(),
+                "file_system": ssd.file_system,
+                "size": ssd.size,
+                "encrypt": ssd.encrypt,
+                "margin": ssd.margin,
+            });
+        }
+        zmem_json = Some(z);
     }
     let description = describe_config(plan, c, cgroup_limit);
     eprintln!("zmem: {} {}: {description}", spec.name, c.as_str());
@@ -265,7 +319,7 @@ pub(super) fn run_config(
             Err(e) if tries < 2 && format!("{e:#}").contains("in use") => {
                 tries += 1;
                 port = free_port()?;
-                command = server_command(plan, spec, c, port, scratch.path());
+                command = server_command(plan, spec, c, port, scratch.path(), log_dir.as_deref());
             }
             Err(e) => return Err(e),
         }
@@ -290,19 +344,37 @@ pub(super) fn run_config(
         }
         (log.last(20), log.key_lines())
     };
+    // The stats file is written when the server exits (zmem's preload library, at exit).
+    if let Some(z) = zmem_json.as_mut() {
+        match read_zmem_stats(&stats_path) {
+            Ok(v) => z["stats"] = v,
+            Err(e) => z["stats_error"] = e.into(),
+        }
+        if let Some(l) = &g.log_dir {
+            z["log_dir_leftovers"] = l.leftovers().into();
+        }
+    }
+    let swap_file = g.swapfile.as_ref().map(|f| f.path().to_path_buf());
     drop(g);
     drop(scratch);
     let (steps, stop, server_pid) = outcome?;
 
     let swaps_after = swaps()?;
     let zram_disksize = zram::disksize(ZRAM_INDEX).ok();
-    let restored = serde_json::json!({
+    let mut restored = serde_json::json!({
         "swaps_as_before": swaps_after == swaps_before,
         "cgroup_removed": !cg_path.exists(),
         "zram_disksize": zram_disksize,
     });
+    let leftover = swap_file.iter().chain(log_dir.iter()).any(|p| p.exists());
+    if let Some(p) = &swap_file {
+        restored["swap_file_removed"] = (!p.exists()).into();
+    }
+    if let Some(p) = &log_dir {
+        restored["log_dir_removed"] = (!p.exists()).into();
+    }
     let zram_ok = c != KvConfig::Zram || zram_disksize == Some(0);
-    if swaps_after != swaps_before || cg_path.exists() || !zram_ok {
+    if swaps_after != swaps_before || cg_path.exists() || !zram_ok || leftover {
         eprintln!("zmem: warning: the machine is not as it was: {restored}");
     }
     let data_held = steps.last().map_or(0, |s| s.data_bytes);
@@ -328,6 +400,7 @@ pub(super) fn run_config(
         server_log_key_lines: key_lines,
         zram: zram_json,
         zmem: zmem_json,
+        swapfile: swapfile_json,
         restored,
         wall_s: t_start.elapsed().as_secs_f64(),
     })
@@ -356,7 +429,68 @@ pub(super) fn describe_config(plan: &Plan, c: KvConfig, cgroup_limit: u64) -> St
             format_size(plan.compressed),
             format_size(cgroup_limit)
         ),
+        KvConfig::Swapfile => match &plan.ssd {
+            Some(ssd) => format!(
+                "cgroup limit {}, a {} swap file on {} ({})",
+                format_size(cgroup_limit),
+                format_size(ssd.size),
+                ssd.dir.display(),
+                ssd.file_system
+            ),
+            None => format!("cgroup limit {}, a swap file", format_size(cgroup_limit)),
+        },
+        KvConfig::ZmemSsd => {
+            let (resident, store_limit) = zmem_sizes(plan, c);
+            let (dir, enc) = plan.ssd.as_ref().map_or((String::new(), ""), |s| {
+                (
+                    format!(" {} ({})", s.dir.display(), s.file_system),
+                    if s.encrypt { "" } else { " --ssd-no-encrypt" },
+                )
+            });
+            format!(
+                "zmem run --resident {} --store-limit {} --ssd{dir}{enc} in a cgroup of {}, no \
+                 kernel swap",
+                format_size(resident),
+                format_size(store_limit),
+                format_size(cgroup_limit)
+            )
+        }
     }
+}
+
+/// The kernel's default swappiness, for the swap file's cgroup: memcached on kernel swap as a
+/// machine runs it (zram's configuration uses 100, as zram is meant to be used).
+pub(super) const SWAPFILE_SWAPPINESS: u32 = 60;
+
+/// `zmem run`'s --resident and --store-limit for configuration `c` (a zmem one).
+pub(super) fn zmem_sizes(plan: &Plan, c: KvConfig) -> (u64, u64) {
+    match (c, &plan.ssd) {
+        (KvConfig::ZmemSsd, Some(ssd)) => (ssd.resident, ssd.store_limit),
+        _ => (plan.zmem_resident, plan.compressed),
+    }
+}
+
+/// Where `zmem run --stats` writes, in the configuration's scratch directory.
+pub(super) fn zmem_stats_path(scratch: &Path) -> PathBuf {
+    scratch.join("zmem-stats.json")
+}
+
+/// The figures of zmem's statistics file worth keeping beside the steps: the DRAM it took and
+/// the SSD tier's log (`zmem_runenv::ProcessStats::ssd`).
+pub(super) fn read_zmem_stats(path: &Path) -> Result<serde_json::Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let u = |p: &str| v.pointer(p).cloned().unwrap_or(serde_json::Value::Null);
+    Ok(serde_json::json!({
+        "peak_dram": u("/peak_dram"),
+        "peak_data": u("/peak_data"),
+        "max_rss": u("/max_rss"),
+        "major_faults": u("/zmem/region/major_faults"),
+        "evictions": u("/zmem/region/evictions"),
+        "incompressible_kept": u("/zmem/region/incompressible_kept"),
+        "ssd": find_ssd(&v).cloned(),
+    }))
 }
 
 pub(super) fn server_command(
@@ -365,26 +499,44 @@ pub(super) fn server_command(
     c: KvConfig,
     port: u16,
     dir: &Path,
+    log_dir: Option<&Path>,
 ) -> Vec<String> {
     let mut cmd = Vec::new();
-    if c == KvConfig::Zmem {
+    if c.is_zmem() {
         let exe = std::env::current_exe()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "zmem".into());
+        let (resident, store_limit) = zmem_sizes(plan, c);
         cmd.extend([
             exe,
             "run".into(),
             "--resident".into(),
-            format_size(plan.zmem_resident),
+            format_size(resident),
             "--store-limit".into(),
-            format_size(plan.compressed),
+            format_size(store_limit),
             "--size".into(),
             format_size(plan.zmem_size),
         ]);
+        if let (KvConfig::ZmemSsd, Some(ssd), Some(log)) = (c, &plan.ssd, log_dir) {
+            cmd.extend([
+                "--ssd".into(),
+                log.display().to_string(),
+                "--ssd-size".into(),
+                format_size(ssd.size),
+            ]);
+            if !ssd.encrypt {
+                cmd.push("--ssd-no-encrypt".into());
+            }
+        }
         if let Some(p) = &plan.zmem_policy {
             cmd.extend(["--policy".into(), p.clone()]);
         }
-        cmd.extend(["--quiet".into(), "--".into()]);
+        cmd.extend([
+            "--quiet".into(),
+            "--stats".into(),
+            zmem_stats_path(dir).display().to_string(),
+            "--".into(),
+        ]);
     }
     cmd.push(plan.server_bin.display().to_string());
     cmd.extend((spec.args)(port, dir));

@@ -4,8 +4,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::kernel::memcg::MEMCG_ROOT;
+use crate::kernel::swapfile::{note_leftover_swapfiles, SWAPFILE_PREFIX};
 use crate::kernel::zram::{ZramSession, ZRAM_INDEX};
 use crate::process::describe_status;
+use crate::ssd::run::LogDir;
 
 use super::plan::Plan;
 use super::server::ServerSpec;
@@ -35,15 +37,56 @@ pub(super) fn precheck(c: KvConfig, plan: &Plan, spec: &ServerSpec) -> Result<()
         KvConfig::Zram => ZramSession::acquire(ZRAM_INDEX)
             .map(drop)
             .map_err(|e| e.to_string()),
-        KvConfig::Zmem => zmem_run_available(plan, spec),
+        KvConfig::Zmem => zmem_run_available(plan, spec, c),
+        KvConfig::Swapfile => {
+            let ssd = plan.ssd.as_ref().ok_or("no --ssd-dir was checked")?;
+            note_leftover_swapfiles(&ssd.dir);
+            let own = ssd
+                .dir
+                .join(format!("{SWAPFILE_PREFIX}{}", std::process::id()));
+            match own.exists() {
+                true => Err(format!("{} exists already", own.display())),
+                false => Ok(()),
+            }
+        }
+        KvConfig::ZmemSsd => zmem_run_available(plan, spec, c),
     }
 }
 
-/// Flags of `zmem run` this benchmark passes.
-pub(super) const ZMEM_RUN_FLAGS: [&str; 4] = ["--resident", "--store-limit", "--size", "--quiet"];
+/// Flags of `zmem run` this benchmark passes (all zmem configurations).
+pub(super) const ZMEM_RUN_FLAGS: [&str; 5] = [
+    "--resident",
+    "--store-limit",
+    "--size",
+    "--quiet",
+    "--stats",
+];
+/// The flags zmem-ssd passes on top (and --ssd-no-encrypt when asked).
+pub(super) const ZMEM_RUN_SSD_FLAGS: [&str; 2] = ["--ssd", "--ssd-size"];
 
-/// Whether this binary has `zmem run` with the flags used here, and it runs the server.
-pub(super) fn zmem_run_available(plan: &Plan, spec: &ServerSpec) -> Result<(), String> {
+/// The flags of `zmem run` configuration `c` needs that `help` (of `zmem run`) does not list.
+pub(super) fn missing_run_flags(help: &str, plan: &Plan, c: KvConfig) -> Vec<&'static str> {
+    let words: Vec<&str> = help
+        .split(|ch: char| ch.is_whitespace() || ch == ',' || ch == '=')
+        .collect();
+    let mut needed: Vec<&'static str> = ZMEM_RUN_FLAGS.to_vec();
+    if c == KvConfig::ZmemSsd {
+        needed.extend(ZMEM_RUN_SSD_FLAGS);
+        if plan.ssd.as_ref().is_some_and(|s| !s.encrypt) {
+            needed.push("--ssd-no-encrypt");
+        }
+    }
+    needed.retain(|f| !words.contains(f));
+    needed
+}
+
+/// Whether this binary has `zmem run` with the flags configuration `c` uses, and it runs the
+/// server (zmem-ssd: with a log in --ssd-dir).
+pub(super) fn zmem_run_available(
+    plan: &Plan,
+    spec: &ServerSpec,
+    c: KvConfig,
+) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("locating the zmem binary: {e}"))?;
     let out = Command::new(&exe)
         .args(["run", "--help"])
@@ -56,26 +99,40 @@ pub(super) fn zmem_run_available(plan: &Plan, spec: &ServerSpec) -> Result<(), S
         let first = err.lines().next().unwrap_or("").trim();
         return Err(format!(
             "`zmem run` is not available in this build ({} run --help: {first}); \
-             choose --configs noswap,zram",
-            exe.display()
+             choose --configs {}",
+            exe.display(),
+            if c == KvConfig::ZmemSsd {
+                "swapfile"
+            } else {
+                "noswap,zram"
+            }
         ));
     }
     let help = String::from_utf8_lossy(&out.stdout);
-    let missing: Vec<&str> = ZMEM_RUN_FLAGS
-        .iter()
-        .copied()
-        .filter(|f| !help.contains(f))
-        .collect();
+    let missing = missing_run_flags(&help, plan, c);
     if !missing.is_empty() {
         return Err(format!(
             "`zmem run` lacks {} (its --help does not list them)",
             missing.join(", ")
         ));
     }
-    // The whole chain once (the preload library found, the server preloadable, userfaultfd):
-    // the server prints its version under `zmem run` and exits.
-    let mut child = Command::new(&exe)
-        .args(["run", "--quiet", "--resident", "16M", "--"])
+    // The whole chain once (the preload library found, the server preloadable, userfaultfd;
+    // zmem-ssd: the log opened in --ssd-dir): the server prints its version under `zmem run`
+    // and exits.
+    let mut run = Command::new(&exe);
+    run.args(["run", "--quiet", "--resident", "16M"]);
+    let mut _log = None;
+    if c == KvConfig::ZmemSsd {
+        let ssd = plan.ssd.as_ref().ok_or("no --ssd-dir was checked")?;
+        let log = LogDir::create(&ssd.dir).map_err(|e| format!("{e:#}"))?;
+        run.arg("--ssd").arg(log.path()).args(["--ssd-size", "16M"]);
+        if !ssd.encrypt {
+            run.arg("--ssd-no-encrypt");
+        }
+        _log = Some(log);
+    }
+    let mut child = run
+        .arg("--")
         .arg(&plan.server_bin)
         .arg(spec.version_arg)
         .stdin(Stdio::null())

@@ -147,14 +147,18 @@ fn missing_flags(help: &str, side: &Side) -> Vec<&'static str> {
 pub struct LogDir(PathBuf);
 
 impl LogDir {
-    fn create(dir: &Path) -> anyhow::Result<LogDir> {
+    pub(crate) fn create(dir: &Path) -> anyhow::Result<LogDir> {
         let p = dir.join(format!("zmem-bench-ssd-{}", std::process::id()));
         std::fs::create_dir(&p).with_context(|| format!("creating {}", p.display()))?;
         Ok(LogDir(p))
     }
 
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+
     /// The names in it (the tier's log is an unnamed file: there should be none).
-    fn leftovers(&self) -> Vec<String> {
+    pub(crate) fn leftovers(&self) -> Vec<String> {
         std::fs::read_dir(&self.0)
             .map(|d| {
                 d.flatten()
@@ -189,7 +193,7 @@ fn swap_pages() -> (u64, u64) {
 }
 
 /// The first `ssd` object anywhere in `v` (the stats file's layout may nest it).
-fn find_ssd(v: &serde_json::Value) -> Option<&serde_json::Value> {
+pub(crate) fn find_ssd(v: &serde_json::Value) -> Option<&serde_json::Value> {
     match v {
         serde_json::Value::Object(m) => m
             .get("ssd")
