@@ -18,6 +18,10 @@ use crate::state::PageState::*;
 /// After the store refuses a page (its memory limit), eviction pauses this long: moving pages
 /// out only to put them back costs CPU and, under a memory cgroup, memory it may not have.
 pub(crate) const FULL_BACKOFF_MS: u64 = 50;
+/// A full store is reported at most this often (milliseconds).
+pub(crate) const FULL_SAID_MS: u64 = 10_000;
+/// An eviction batch may grow to this many pages with the victims' unprotected neighbours.
+pub(crate) const RUN_PAGES: usize = 16;
 /// Monotonic milliseconds.
 pub(crate) fn now_ms() -> u64 {
     let mut t = libc::timespec {
@@ -46,7 +50,18 @@ impl Shared {
             if resident <= low {
                 return;
             }
-            if self.evict((resident - low).min(4)) == 0 {
+            // While victims come in runs (pages faulted in one after the other), a batch of
+            // RUN_PAGES at once (a little below the mark): each run moves in one call. Else a
+            // few pages: a batch delays the next fault. Measured (`bench region --size 1G
+            // --resident 256M --pattern rand`, victims scattered): batches of 4 give fault p50
+            // 21.9 µs, p99 55.9, 18.2 µs/access; of 8: p50 8.3, p99 112, 15.9–16.2; of 16:
+            // p50 8.3, p99 193, 16.05. Kept at 4 for the tail (issue 11's p99 target).
+            let want = if self.run_pages.load(Relaxed) >= 2 {
+                RUN_PAGES
+            } else {
+                (resident - low).min(4)
+            };
+            if self.evict(want) == 0 {
                 return;
             }
             self.repack();
@@ -83,13 +98,15 @@ impl Shared {
             let group = self.evict_group.min(inner.resident / 4);
             n.max(group).min(STAGING_SLOTS)
         };
+        // Room for the unprotected neighbours of the victims (see below).
+        let room = n.clamp(RUN_PAGES, STAGING_SLOTS);
         let mut slots = Vec::with_capacity(STAGING_SLOTS);
         self.slots
-            .take_empty(n, &mut slots, |addr, len| self.clear_staging(addr, len));
+            .take_empty(room, &mut slots, |addr, len| self.clear_staging(addr, len));
         let mut victims = Vec::with_capacity(STAGING_SLOTS);
         {
             let mut inner = s.inner.lock();
-            let n = slots.len();
+            let n = n.min(slots.len());
             if let Some(t) = inner.tracker.as_mut() {
                 t.pick(n, &mut victims);
             }
@@ -100,10 +117,36 @@ impl Shared {
                     t.pick(more, &mut victims);
                 }
             }
+            // Each victim takes its resident neighbours that nothing protects (never refaulted:
+            // the policy would give them up next anyway), so that runs of adjacent pages move
+            // in one call: one TLB flush per run instead of one per page (`Uffd::move_run`).
+            let picked = victims.len();
+            for k in 0..picked {
+                let v = victims[k] as usize;
+                for dir in [1isize, -1] {
+                    let mut p = v as isize + dir;
+                    while victims.len() < slots.len()
+                        && p >= 0
+                        && (p as usize) < s.pages
+                        && inner.state.get(p as usize) == Resident
+                        && inner
+                            .tracker
+                            .as_mut()
+                            .is_some_and(|t| t.take_unprotected(p as u32))
+                    {
+                        victims.push(p as u32);
+                        p += dir;
+                    }
+                }
+            }
             for &slot in &slots[victims.len()..] {
                 self.slots.put_empty(slot);
             }
             slots.truncate(victims.len());
+            // In address order, both: pages adjacent in the program that land in adjacent
+            // slots move in one call (one TLB flush, see `Uffd::move_run`).
+            victims.sort_unstable();
+            slots.sort_unstable();
             for &v in &victims {
                 debug_assert_eq!(inner.state.get(v as usize), Resident);
                 inner.state.set(v as usize, Staged);
@@ -123,73 +166,101 @@ impl Shared {
         let mut outcome = [false; STAGING_SLOTS];
         let mut stale = [false; STAGING_SLOTS];
         let mut aborted = false;
-        for (slot, &v) in victims.iter().enumerate() {
-            if aborted {
-                break;
+        let mut calls = 0;
+        let mut k = 0;
+        while k < victims.len() && !aborted {
+            let mut end = k + 1;
+            while end < victims.len()
+                && victims[end] == victims[end - 1] + 1
+                && slots[end] == slots[end - 1] + 1
+            {
+                end += 1;
             }
-            let src = s.page_addr(v as usize);
-            let dst = self.slots.addr(slots[slot]);
-            let mut r = s.uffd.move_pages(dst, src, PAGE);
-            if matches!(&r, Err(e) if e.code() == libc::EBUSY) {
-                unshare(src);
-                self.counters.unshared.fetch_add(1, Relaxed);
-                r = s.uffd.move_pages(dst, src, PAGE);
+            let mut first = k;
+            if end - k > 1 {
+                let src = s.page_addr(victims[k] as usize);
+                let dst = self.slots.addr(slots[k]);
+                let done = match s.uffd.move_run(dst, src, (end - k) * PAGE) {
+                    Ok(()) => end - k,
+                    // The rest page by page below, each failure handled on its own.
+                    Err((_, bytes)) => bytes / PAGE,
+                };
+                outcome[k..k + done].fill(true);
+                first = k + done;
+                calls += 1;
             }
-            if matches!(&r, Err(e) if e.code() == libc::EEXIST) {
-                // The kernel moves only into an empty slot: something is mapped there (a page
-                // a failed recycle left behind, or a huge page over the slot). Clear the slot
-                // and try once more; the page stays resident if that fails too.
-                self.clear_staging(dst, PAGE);
-                self.counters.staging_cleared.fetch_add(1, Relaxed);
-                r = s.uffd.move_pages(dst, src, PAGE);
-                stale[slot] = matches!(&r, Err(e) if e.code() == libc::EEXIST);
-            }
-            match r {
-                Ok(()) => outcome[slot] = true,
-                Err(e) if e.code() == libc::ENOENT => {
-                    // Nothing mapped: the program dropped it and the event is on its way.
-                    let mut inner = s.inner.lock();
-                    if inner.state.get(v as usize) == Staged {
-                        inner.state.set(v as usize, Absent);
-                        inner.staged.remove(&v);
-                    }
+            for (slot, &v) in victims.iter().enumerate().take(end).skip(first) {
+                if aborted {
+                    break;
                 }
-                Err(e) if e.code() == libc::EBADF => crate::manager::lost_descriptor(s.uffd.raw()),
-                Err(e) if e.code() == libc::EINVAL => {
-                    // The program made the page read-only, executable, inaccessible or
-                    // mlocked: the kernel moves pages only between areas of the same protection
-                    // and locking. It stays resident, held outside the budget, until the
-                    // program makes it writable again (Region::release_held).
-                    let mut inner = s.inner.lock();
-                    if inner.state.get(v as usize) == Staged {
-                        inner.state.set(v as usize, Resident);
-                        inner.staged.remove(&v);
-                        inner.hold(v);
+                calls += 1;
+                let src = s.page_addr(v as usize);
+                let dst = self.slots.addr(slots[slot]);
+                let mut r = s.uffd.move_pages(dst, src, PAGE);
+                if matches!(&r, Err(e) if e.code() == libc::EBUSY) {
+                    unshare(src);
+                    self.counters.unshared.fetch_add(1, Relaxed);
+                    r = s.uffd.move_pages(dst, src, PAGE);
+                }
+                if matches!(&r, Err(e) if e.code() == libc::EEXIST) {
+                    // The kernel moves only into an empty slot: something is mapped there (a page
+                    // a failed recycle left behind, or a huge page over the slot). Clear the slot
+                    // and try once more; the page stays resident if that fails too.
+                    self.clear_staging(dst, PAGE);
+                    self.counters.staging_cleared.fetch_add(1, Relaxed);
+                    r = s.uffd.move_pages(dst, src, PAGE);
+                    stale[slot] = matches!(&r, Err(e) if e.code() == libc::EEXIST);
+                }
+                match r {
+                    Ok(()) => outcome[slot] = true,
+                    Err(e) if e.code() == libc::ENOENT => {
+                        // Nothing mapped: the program dropped it and the event is on its way.
+                        let mut inner = s.inner.lock();
+                        if inner.state.get(v as usize) == Staged {
+                            inner.state.set(v as usize, Absent);
+                            inner.staged.remove(&v);
+                        }
                     }
-                    if !self.held_warned.swap(true, Relaxed) {
-                        tracing::info!(
-                            "page {v} cannot be moved out (its protection or mlock differs): \
+                    Err(e) if e.code() == libc::EBADF => {
+                        crate::manager::lost_descriptor(s.uffd.raw())
+                    }
+                    Err(e) if e.code() == libc::EINVAL => {
+                        // The program made the page read-only, executable, inaccessible or
+                        // mlocked: the kernel moves pages only between areas of the same protection
+                        // and locking. It stays resident, held outside the budget, until the
+                        // program makes it writable again (Region::release_held).
+                        let mut inner = s.inner.lock();
+                        if inner.state.get(v as usize) == Staged {
+                            inner.state.set(v as usize, Resident);
+                            inner.staged.remove(&v);
+                            inner.hold(v);
+                        }
+                        if !self.held_warned.swap(true, Relaxed) {
+                            tracing::info!(
+                                "page {v} cannot be moved out (its protection or mlock differs): \
                              such pages stay in DRAM, outside the budget"
-                        );
+                            );
+                        }
                     }
-                }
-                Err(e) => {
-                    if e.code() == libc::EAGAIN {
-                        aborted = true; // an event is pending (fork, remove): let it through
-                    } else {
-                        tracing::warn!("UFFDIO_MOVE of page {v}: {e}; keeping it resident");
-                    }
-                    let mut inner = s.inner.lock();
-                    if inner.state.get(v as usize) == Staged {
-                        inner.state.set(v as usize, Resident);
-                        inner.staged.remove(&v);
-                        inner.resident += 1;
-                        if let Some(t) = inner.tracker.as_mut() {
-                            t.insert_quiet(v);
+                    Err(e) => {
+                        if e.code() == libc::EAGAIN {
+                            aborted = true; // an event is pending (fork, remove): let it through
+                        } else {
+                            tracing::warn!("UFFDIO_MOVE of page {v}: {e}; keeping it resident");
+                        }
+                        let mut inner = s.inner.lock();
+                        if inner.state.get(v as usize) == Staged {
+                            inner.state.set(v as usize, Resident);
+                            inner.staged.remove(&v);
+                            inner.resident += 1;
+                            if let Some(t) = inner.tracker.as_mut() {
+                                t.insert_quiet(v);
+                            }
                         }
                     }
                 }
             }
+            k = end;
         }
         if aborted {
             // Victims after the abort point were never moved: give them back.
@@ -208,6 +279,12 @@ impl Shared {
         self.counters.add_ns(&self.counters.evict_move_ns, t_move);
         let moved = outcome.iter().filter(|&&o| o).count();
         self.counters.evict_moved.fetch_add(moved as u64, Relaxed);
+        self.counters
+            .evict_move_calls
+            .fetch_add(calls as u64, Relaxed);
+        if let Some(run) = moved.checked_div(calls) {
+            self.run_pages.store(run, Relaxed);
+        }
         let t_store = Instant::now();
         // Compress the moved pages into the store, then settle their states. Compressed here,
         // on this thread: on two cores a hand-off to the engine's workers costs more in
@@ -327,13 +404,24 @@ impl Shared {
                 }
             }
             Err(e) => {
-                // A full store (its memory limit) is expected under pressure: say it once per
-                // episode, not once per page.
-                self.store_full_ms.store(now_ms(), Relaxed);
-                if !self.store_full.swap(true, Relaxed) {
-                    tracing::warn!("cannot store evicted pages, they stay resident: {e}");
+                // A full store (its memory limit) is expected under pressure, and a full pool
+                // takes and refuses pages in turn: say it at most once per FULL_SAID_MS.
+                let now = now_ms();
+                self.store_full_ms.store(now, Relaxed);
+                self.store_full.store(true, Relaxed);
+                let refused = self.counters.store_refused.fetch_add(1, Relaxed) + 1;
+                let said = self.store_full_said_ms.load(Relaxed);
+                if (said == 0 || now.saturating_sub(said) >= FULL_SAID_MS)
+                    && self
+                        .store_full_said_ms
+                        .compare_exchange(said, now.max(1), Relaxed, Relaxed)
+                        .is_ok()
+                {
+                    tracing::warn!(
+                        "cannot store evicted pages, they stay resident: {e} \
+                         ({refused} pages refused so far: store_refused in zmem stat)"
+                    );
                 }
-                self.counters.store_refused.fetch_add(1, Relaxed);
                 Kept::Refused
             }
         }
@@ -557,12 +645,18 @@ mod tests {
             std::thread::yield_now();
         }
         let before = r.stats();
+        // At least the pages asked for; unprotected neighbours (fault-around mapped some) may
+        // leave with them.
         let evicted = shared.evict(pages);
-        assert_eq!(evicted, pages, "{:?}", r.stats());
+        assert!(evicted >= pages, "{evicted}: {:?}", r.stats());
         let s = r.stats();
-        assert_eq!(s.staging_cleared, pages as u64, "{s:?}");
-        assert_eq!(s.evictions, pages as u64, "{s:?}");
-        assert_eq!(s.resident, before.resident - (pages * PAGE) as u64, "{s:?}");
+        assert_eq!(s.staging_cleared, evicted as u64, "{s:?}");
+        assert_eq!(s.evictions, evicted as u64, "{s:?}");
+        assert_eq!(
+            s.resident,
+            before.resident - (evicted * PAGE) as u64,
+            "{s:?}"
+        );
         for (i, b) in mem.iter().enumerate() {
             assert_eq!(*b, (i / PAGE * 31 + i % 251) as u8, "byte {i}");
         }

@@ -189,6 +189,7 @@ impl Region {
             budget_pages: AtomicUsize::new(budget_pages),
             fault_around: cfg.fault_around,
             evict_group,
+            run_pages: AtomicUsize::new(0),
             evict_lock: Mutex::new(()),
             evictor_wake: Condvar::new(),
             evictor_mutex: Mutex::new(false),
@@ -208,6 +209,7 @@ impl Region {
             held_warned: AtomicBool::new(false),
             incompressible_said: AtomicBool::new(false),
             store_full_ms: AtomicU64::new(0),
+            store_full_said_ms: AtomicU64::new(0),
             enomem_streak: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
             workers: cfg.handler_threads + 1,
@@ -340,6 +342,7 @@ impl Region {
                 evict_move_ns: c.evict_move_ns.load(Relaxed),
                 evict_store_ns: c.evict_store_ns.load(Relaxed),
                 evict_moved: c.evict_moved.load(Relaxed),
+                evict_move_calls: c.evict_move_calls.load(Relaxed),
             },
             store: sh.root.store.stats(),
         }

@@ -288,6 +288,7 @@ pub(crate) struct Counters {
     pub evict_move_ns: AtomicU64,
     pub evict_store_ns: AtomicU64,
     pub evict_moved: AtomicU64,
+    pub evict_move_calls: AtomicU64,
     pub staged_now: AtomicUsize,
     /// Evicted pages the store refused (its memory limit), put back resident.
     pub store_refused: AtomicU64,
@@ -305,6 +306,8 @@ pub(crate) struct Shared {
     pub fault_around: usize,
     /// Evicted pages compressed together as one block (1 = page by page).
     pub evict_group: usize,
+    /// Pages per `UFFDIO_MOVE` in the last eviction batch (see `Shared::evict_while_idle`).
+    pub run_pages: AtomicUsize,
     pub evict_lock: Mutex<()>,
     pub evictor_wake: Condvar,
     pub evictor_mutex: Mutex<bool>,
@@ -328,6 +331,8 @@ pub(crate) struct Shared {
     /// When it last refused one (`evict::now_ms`): eviction pauses for
     /// `evict::FULL_BACKOFF_MS` after.
     pub store_full_ms: AtomicU64,
+    /// When a full store was last reported (`evict::now_ms`; 0: never).
+    pub store_full_said_ms: AtomicU64,
     /// Consecutive faults the kernel refused memory for (ENOMEM); see `fault::OOM_STREAK`.
     pub enomem_streak: AtomicU64,
     /// Threads of this region parked for a fork; `workers` is how many there are.

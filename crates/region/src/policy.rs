@@ -248,14 +248,35 @@ impl Tracker {
                 }
             };
             let id = self.lists[list as usize].0;
-            self.unlink(id);
-            self.resident -= 1;
-            let i = id as usize;
-            self.meta[i] = (self.meta[i] & !(RESIDENT | LIST_MASK)) | EVICTED;
-            self.prev[i] = self.tick as u32;
-            self.next[i] = NIL;
+            self.take(id);
             out.push(id - 1);
         }
+    }
+
+    /// Takes resident `page` for eviction if nothing protects it: under [`Eviction::Clock`], a
+    /// page never refaulted since it was last forgotten (no gap sample), which the policy gives
+    /// up first anyway. Eviction takes such pages beside its victims so that runs of adjacent
+    /// pages leave in one move. FIFO keeps its plain insertion order: never.
+    pub fn take_unprotected(&mut self, page: u32) -> bool {
+        if self.kind != Eviction::Clock || !self.is_resident(page) {
+            return false;
+        }
+        let id = page + 1;
+        if self.meta[id as usize] & K_MASK != 0 {
+            return false;
+        }
+        self.take(id);
+        true
+    }
+
+    /// Resident page `id` leaves: unlinked, its eviction recorded.
+    fn take(&mut self, id: u32) {
+        self.unlink(id);
+        self.resident -= 1;
+        let i = id as usize;
+        self.meta[i] = (self.meta[i] & !(RESIDENT | LIST_MASK)) | EVICTED;
+        self.prev[i] = self.tick as u32;
+        self.next[i] = NIL;
     }
 
     /// Protection in ticks for a page with `k` gap samples of mean `gap`.
@@ -678,7 +699,13 @@ mod tests {
                             t.remove(page);
                             model.remove(&page);
                         }
-                        9 | 10 => t.written(page),
+                        9 => t.written(page),
+                        10 => {
+                            if t.take_unprotected(page) {
+                                assert_eq!(kind, Eviction::Clock);
+                                assert!(model.remove(&page), "took {page}: not resident");
+                            }
+                        }
                         _ => {
                             let n = rng.below(8) as usize;
                             out.clear();
@@ -711,6 +738,42 @@ mod tests {
                 check(&t);
             }
         }
+    }
+
+    #[test]
+    fn only_never_refaulted_pages_are_taken_unprotected() {
+        let mut t = Tracker::new(64, Eviction::Clock);
+        for p in 0..8 {
+            t.insert(p);
+        }
+        // All are evicted; page 3 refaults (a gap sample: protected), the others are forgotten
+        // and faulted in afresh (no sample).
+        let mut out = Vec::new();
+        t.pick(8, &mut out);
+        assert_eq!(out.len(), 8);
+        t.insert(3);
+        for p in (0..8).filter(|&p| p != 3) {
+            t.remove(p);
+            t.insert(p);
+        }
+        assert!(t.is_resident(3));
+        assert!(!t.take_unprotected(3), "a refaulted page has protection");
+        assert!(!t.take_unprotected(20), "not resident");
+        assert!(!t.take_unprotected(u32::MAX), "out of range");
+        let before = t.resident();
+        assert!(t.take_unprotected(5));
+        assert!(!t.is_resident(5));
+        assert_eq!(t.resident(), before - 1);
+        assert!(!t.take_unprotected(5), "taken once");
+        // Taken pages are never picked again, and the rest still are.
+        out.clear();
+        t.pick(100, &mut out);
+        assert!(!out.contains(&5));
+        assert_eq!(out.len(), before - 1);
+
+        let mut f = Tracker::new(8, Eviction::Fifo);
+        f.insert(1);
+        assert!(!f.take_unprotected(1), "FIFO keeps its order");
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct HandlerTime {
     pub evict_store_ns: u64,
     #[serde(default)]
     pub evict_moved: u64,
+    /// `UFFDIO_MOVE` calls that moved them: a run of adjacent pages moves in one call.
+    #[serde(default)]
+    pub evict_move_calls: u64,
 }
 
 /// Statistics of a region.

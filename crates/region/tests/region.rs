@@ -33,6 +33,32 @@ fn round_trip_across_evictions() {
 }
 
 #[test]
+fn a_sequential_fill_leaves_dram_in_runs_of_pages() {
+    // Pages written in order and never refaulted are evicted together with their neighbours,
+    // and adjacent pages move out in one UFFDIO_MOVE (one TLB flush per run).
+    let Some(r) = region(64 * MIB, 4 * MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 7);
+    }
+    let h = r.stats().handler_time;
+    assert!(h.evict_moved > 0, "{h:?}");
+    assert!(
+        h.evict_move_calls * 4 <= h.evict_moved,
+        "{} pages in {} moves: expected runs of 4 pages or more",
+        h.evict_moved,
+        h.evict_move_calls
+    );
+    // And everything reads back as written after the moves in runs.
+    for i in (0..pages).rev() {
+        check(page_mut(&r, i), i, 7);
+    }
+    fill_and_check_all(&r, 8);
+}
+
+#[test]
 fn untouched_pages_read_zero_and_zero_pages_cost_nothing() {
     let Some(r) = region(32 * MIB, MIB) else {
         return;
