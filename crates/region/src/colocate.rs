@@ -14,6 +14,17 @@
 //! another thread faults (that thread too, if it inherited the pin), the faults stop for
 //! [`QUIET`], the region is dropped, or (in a forked child, for the forking thread) at fork.
 //! Only with one handler thread, on a process allowed more than one CPU.
+//!
+//! Several threads faulting in turn at a high rate (a fault storm: [`STREAK`] faults within
+//! [`STORM`], from 2 to [`MAX_GROUP`] threads, e.g. memcached's workers) are pinned together
+//! with the region's threads: one handler serves every fault one after the other anyway, so
+//! the threads mostly wait for it, and on one CPU its moves need no TLB-flush IPI and its
+//! wake-ups no cross-vCPU wake. memcached under `zmem run --resident 40M --store-limit 64M`,
+//! 64 MiB of values, 20000 random GETs from 2 clients: 20.8k GET/s spread, 30.9k all on one
+//! CPU (`taskset -c 0`; the move cost per fault fell from 4.8 to 0.9 µs). A thread that joins
+//! the storm joins the group; the group is released when the rate falls below a quarter of a
+//! storm's (the threads compute more than they fault: give them their CPUs back) or the faults
+//! stop for [`QUIET`].
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +34,10 @@ use parking_lot::Mutex;
 const STREAK: u32 = 256;
 /// A pinned thread that has not faulted for this long gets its own affinity back.
 pub(crate) const QUIET: Duration = Duration::from_millis(500);
+/// A fault storm: [`STREAK`] faults (from any threads) within this long.
+const STORM: Duration = Duration::from_millis(10);
+/// Most threads pinned together; a storm from more threads is left alone.
+const MAX_GROUP: usize = 8;
 /// After an unpin, no new pin for this long (a program whose threads take turns must not make
 /// every fault a pair of system calls).
 const BACKOFF: Duration = Duration::from_secs(1);
@@ -73,10 +88,11 @@ impl CpuSet {
 }
 
 struct Pinned {
-    tid: libc::pid_t,
+    /// The pinned threads of the program and their masks before the pin, given back at the
+    /// unpin (one thread, or a storm's group).
+    members: Vec<(libc::pid_t, CpuSet)>,
+    group: bool,
     cpu: usize,
-    /// The thread's mask before the pin, given back at the unpin.
-    own: CpuSet,
     /// Threads that already had exactly this CPU before the pin (the program's own choice),
     /// left alone at the unpin; any other thread found with exactly this CPU then inherited
     /// the pin (created by the pinned thread meanwhile) and gets `own`.
@@ -88,9 +104,40 @@ struct State {
     ours: Vec<(libc::pid_t, CpuSet)>,
     candidate: libc::pid_t,
     streak: u32,
+    /// The current window of faults from any thread (storm detection, and a group's rate).
+    window_start: Instant,
+    window_faults: u32,
+    window_threads: Vec<libc::pid_t>,
     pinned: Option<Pinned>,
     not_before: Instant,
     pins: u64,
+}
+
+impl State {
+    /// Counts a fault from `tid` in the window. At the window's end (every [`STREAK`] faults):
+    /// `Some(true)` if it was a storm, `Some(false)` if the rate was below a quarter of one.
+    fn count(&mut self, tid: libc::pid_t) -> Option<bool> {
+        if self.window_faults == 0 {
+            self.window_start = Instant::now();
+            self.window_threads.clear();
+        }
+        self.window_faults += 1;
+        if !self.window_threads.contains(&tid) && self.window_threads.len() <= MAX_GROUP {
+            self.window_threads.push(tid);
+        }
+        if self.window_faults < STREAK {
+            return None;
+        }
+        self.window_faults = 0;
+        let took = self.window_start.elapsed();
+        if took <= STORM {
+            Some(true)
+        } else if took > 4 * STORM {
+            Some(false)
+        } else {
+            None
+        }
+    }
 }
 
 pub(crate) struct Colocation {
@@ -128,6 +175,9 @@ impl Colocation {
                 ours: Vec::with_capacity(4),
                 candidate: 0,
                 streak: 0,
+                window_start: Instant::now(),
+                window_faults: 0,
+                window_threads: Vec::with_capacity(MAX_GROUP + 1),
                 pinned: None,
                 not_before: Instant::now(),
                 pins: 0,
@@ -164,12 +214,32 @@ impl Colocation {
             return;
         }
         let mut st = self.state.lock();
-        if let Some(p) = st.pinned.as_mut() {
-            if p.tid == tid {
+        let window_full = st.count(tid);
+        if let Some(p) = st.pinned.as_ref() {
+            if p.members.iter().any(|&(t, _)| t == tid) {
+                if p.group && window_full == Some(false) {
+                    // The storm is over: the threads compute more than they fault.
+                    self.unpin(&mut st);
+                }
+                return;
+            }
+            if p.group && p.members.len() < MAX_GROUP {
+                self.join(&mut st, tid);
                 return;
             }
             // Another thread faults: colocation with one of them would starve the other.
             self.unpin(&mut st);
+            return;
+        }
+        if window_full == Some(true)
+            && st.window_threads.len() >= 2
+            && st.window_threads.len() <= MAX_GROUP
+            && Instant::now() >= st.not_before
+        {
+            let group = std::mem::take(&mut st.window_threads);
+            self.pin(&mut st, &group, true);
+            st.window_threads = group;
+            st.window_threads.clear();
             return;
         }
         if st.candidate == tid {
@@ -182,27 +252,45 @@ impl Colocation {
             return;
         }
         st.streak = 0;
-        if PINNED_BY_ANY.lock().contains(&tid) {
-            // Another region's colocation holds this thread (it faults on both): leave it.
-            st.not_before = Instant::now() + BACKOFF;
-            return;
+        self.pin(&mut st, &[tid], false);
+    }
+
+    /// Pins `tids` (the program's threads) and the region's threads to the CPU the handler
+    /// runs on.
+    fn pin(&self, st: &mut State, tids: &[libc::pid_t], group: bool) {
+        {
+            let all = PINNED_BY_ANY.lock();
+            if tids.iter().any(|t| all.contains(t)) {
+                // Another region's colocation holds a thread (it faults on both): leave it.
+                st.not_before = Instant::now() + BACKOFF;
+                return;
+            }
         }
         // SAFETY: sched_getcpu has no preconditions.
         let here = unsafe { libc::sched_getcpu() };
-        let Some(own) = CpuSet::of(tid) else {
+        let Some(first_own) = CpuSet::of(tids[0]) else {
             return;
         };
-        let cpu = if here >= 0 && own.has(here as usize) {
+        let cpu = if here >= 0 && first_own.has(here as usize) {
             here as usize
         } else {
-            match own.first() {
+            match first_own.first() {
                 Some(c) => c,
                 None => return,
             }
         };
         let only = CpuSet::only(cpu);
         let already = threads_on_only(cpu);
-        if !only.apply(tid) {
+        let mut members = Vec::with_capacity(tids.len());
+        for &t in tids {
+            // A thread not allowed on that CPU, or gone, stays out.
+            if let Some(own) = CpuSet::of(t) {
+                if own.has(cpu) && only.apply(t) {
+                    members.push((t, own));
+                }
+            }
+        }
+        if members.is_empty() {
             st.not_before = Instant::now() + BACKOFF;
             return;
         }
@@ -211,18 +299,34 @@ impl Colocation {
         }
         {
             let mut all = PINNED_BY_ANY.lock();
-            all.push(tid);
+            all.extend(members.iter().map(|&(t, _)| t));
             all.extend(st.ours.iter().map(|&(t, _)| t));
         }
         st.pinned = Some(Pinned {
-            tid,
+            members,
+            group,
             cpu,
-            own,
             already,
         });
         st.pins += 1;
         self.pinned_now
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Thread `tid` joins a storm's group.
+    fn join(&self, st: &mut State, tid: libc::pid_t) {
+        let Some(p) = st.pinned.as_mut() else {
+            return;
+        };
+        if PINNED_BY_ANY.lock().contains(&tid) {
+            return;
+        }
+        if let Some(own) = CpuSet::of(tid) {
+            if own.has(p.cpu) && CpuSet::only(p.cpu).apply(tid) {
+                p.members.push((tid, own));
+                PINNED_BY_ANY.lock().push(tid);
+            }
+        }
     }
 
     /// The evictor's periodic check: unpin when the faults have stopped.
@@ -246,25 +350,23 @@ impl Colocation {
             return;
         };
         let mut all = PINNED_BY_ANY.lock();
-        for &(t, mask) in &st.ours {
+        for &(t, mask) in st.ours.iter().chain(&p.members) {
             mask.apply(t);
             if let Some(i) = all.iter().position(|&x| x == t) {
                 all.swap_remove(i);
             }
         }
-        p.own.apply(p.tid);
-        if let Some(i) = all.iter().position(|&x| x == p.tid) {
-            all.swap_remove(i);
-        }
+        let own = p.members[0].1;
         for t in threads_on_only(p.cpu) {
             if !p.already.contains(&t) && !all.contains(&t) {
-                p.own.apply(t);
+                own.apply(t);
             }
         }
         drop(all);
         st.not_before = Instant::now() + BACKOFF;
         st.candidate = 0;
         st.streak = 0;
+        st.window_faults = 0;
         self.pinned_now
             .store(false, std::sync::atomic::Ordering::Relaxed);
     }
@@ -281,7 +383,7 @@ impl Colocation {
         };
         if let Some(p) = st.pinned.as_ref() {
             if CpuSet::of(0).is_some_and(|m| m.is_only(p.cpu)) {
-                p.own.apply(0);
+                p.members[0].1.apply(0);
             }
         }
     }

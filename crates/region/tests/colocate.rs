@@ -126,3 +126,67 @@ fn without_colocate_no_thread_is_pinned() {
     assert_eq!(r.stats().colocations, 0);
     assert!(same(&affinity(), &own));
 }
+
+#[test]
+fn threads_faulting_in_a_storm_are_pinned_together_then_released() {
+    if skip_on_one_cpu() {
+        return;
+    }
+    let own = affinity();
+    let Some(r) = region(32 * MIB, 2 * MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    let half = pages / 2;
+    let barrier = std::sync::Barrier::new(2);
+    // Two threads fault in turn, each on its own half, thousands of faults: a storm.
+    // Each thread notes the one CPU its mask held whenever it looked during the storm (a slow
+    // moment may release the group for a while: the assertion is that they were pinned
+    // together at some point).
+    let masks: Vec<(Vec<usize>, libc::cpu_set_t)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|t| {
+                let (r, barrier) = (&r, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let mut during = Vec::new();
+                    for round in 1..=3u64 {
+                        for k in 0..half {
+                            let i = t * half + (k * 7919) % half;
+                            fill(page_mut(r, i), i, round);
+                            if k % 256 == 255 {
+                                let m = affinity();
+                                if cpus(&m) == 1 {
+                                    // SAFETY: a set the kernel filled; CPU_ISSET reads it.
+                                    let cpu = (0..libc::CPU_SETSIZE as usize)
+                                        .find(|&c| unsafe { libc::CPU_ISSET(c, &m) });
+                                    during.extend(cpu);
+                                }
+                            }
+                        }
+                    }
+                    barrier.wait();
+                    // Both stop faulting: the group is released within the quiet time.
+                    std::thread::sleep(Duration::from_millis(900));
+                    (during, affinity())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(r.stats().colocations >= 1, "{:?}", r.stats());
+    let (a, b) = (&masks[0].0, &masks[1].0);
+    assert!(
+        a.iter().any(|c| b.contains(c)),
+        "both threads pinned to one CPU during the storm: {a:?} {b:?}"
+    );
+    for (_, after) in &masks {
+        assert!(same(after, &own), "own mask back once the faults stop");
+    }
+    for t in 0..2 {
+        for k in 0..half {
+            let i = t * half + k;
+            check(page_mut(&r, i), i, 3);
+        }
+    }
+}
