@@ -475,8 +475,9 @@ pub(super) fn zmem_stats_path(scratch: &Path) -> PathBuf {
     scratch.join("zmem-stats.json")
 }
 
-/// The figures of zmem's statistics file worth keeping beside the steps: the DRAM it took and
-/// the SSD tier's log (`zmem_runenv::ProcessStats::ssd`).
+/// The figures of zmem's statistics file worth keeping beside the steps: the DRAM it took, the
+/// fault latency and where the fault handlers' time went, the SSD tier's log
+/// (`zmem_runenv::ProcessStats::ssd`).
 pub(super) fn read_zmem_stats(path: &Path) -> Result<serde_json::Value, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let v: serde_json::Value =
@@ -489,6 +490,8 @@ pub(super) fn read_zmem_stats(path: &Path) -> Result<serde_json::Value, String> 
         "major_faults": u("/zmem/region/major_faults"),
         "evictions": u("/zmem/region/evictions"),
         "incompressible_kept": u("/zmem/region/incompressible_kept"),
+        "fault_latency_ns": u("/zmem/region/fault_latency"),
+        "handler_time": u("/zmem/region/handler_time"),
         "ssd": find_ssd(&v).cloned(),
     }))
 }
