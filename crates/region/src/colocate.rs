@@ -236,10 +236,10 @@ impl Colocation {
             && st.window_threads.len() <= MAX_GROUP
             && Instant::now() >= st.not_before
         {
+            // Taken out while `pin` borrows the state; the next window clears it.
             let group = std::mem::take(&mut st.window_threads);
             self.pin(&mut st, &group, true);
             st.window_threads = group;
-            st.window_threads.clear();
             return;
         }
         if st.candidate == tid {
@@ -318,13 +318,14 @@ impl Colocation {
         let Some(p) = st.pinned.as_mut() else {
             return;
         };
-        if PINNED_BY_ANY.lock().contains(&tid) {
+        let mut all = PINNED_BY_ANY.lock();
+        if all.contains(&tid) {
             return;
         }
         if let Some(own) = CpuSet::of(tid) {
             if own.has(p.cpu) && CpuSet::only(p.cpu).apply(tid) {
                 p.members.push((tid, own));
-                PINNED_BY_ANY.lock().push(tid);
+                all.push(tid);
             }
         }
     }
