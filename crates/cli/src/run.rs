@@ -78,6 +78,11 @@ pub struct RunArgs {
     /// gives the thread its own affinity back when another thread faults or the faults stop.
     #[arg(long)]
     pub no_colocate: bool,
+    /// Never keep the compressed copy of a page faulted back. By default zmem keeps it while
+    /// the store is under half full, so that a page evicted again unchanged is not compressed
+    /// again (read-mostly programs evict at the cost of a move).
+    #[arg(long)]
+    pub no_clean_copies: bool,
     /// Write the final statistics as JSON here.
     #[arg(long)]
     pub stats: Option<PathBuf>,
@@ -213,6 +218,7 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
         },
         handler_threads: a.handler_threads as usize,
         colocate: !a.no_colocate,
+        clean_copies: !a.no_clean_copies,
         // Absolute, like --stats.
         ssd: a
             .ssd

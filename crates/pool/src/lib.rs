@@ -376,6 +376,11 @@ impl Pool {
         self.with_object(h, <[u8]>::len)
     }
 
+    /// Bytes the pool holds from the OS now (`PoolStats::mem_used_total`, without the rest).
+    pub fn mem_used(&self) -> u64 {
+        self.pages_used.load(Relaxed) * PAGE_SIZE as u64
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> PoolStats {
         let mut s = PoolStats {

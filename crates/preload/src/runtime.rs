@@ -142,6 +142,7 @@ fn init() -> Result<(), InitError> {
     rc.eviction = config.eviction;
     rc.handler_threads = config.handler_threads;
     rc.colocate = config.colocate;
+    rc.clean_copies = config.clean_copies;
     rc.store_limit = config.effective_store_limit();
     zmem_os::thread::set_start_hook(heap::mark_internal);
     // After the start hook: the log's collector is one of zmem's threads.

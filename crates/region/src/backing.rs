@@ -3,9 +3,9 @@
 //! sit under a region instead. Calls go through `dyn BackingStore`: one indirect call per store
 //! operation, no allocation on the fault path.
 //!
-//! Indices are page numbers within the region. A page is written once per eviction and read at
-//! most once before it is discarded (the region discards it as soon as it is mapped again), so
-//! a store need not keep anything it was told to discard.
+//! Indices are page numbers within the region. A page is written once per eviction; when it is
+//! mapped again the region discards it, or keeps it as a clean copy where the store has room
+//! (`room_for_copies`). A store need not keep anything it was told to discard.
 
 use std::sync::Arc;
 
@@ -54,6 +54,13 @@ pub trait BackingStore: Send + Sync {
     /// Forgets page `index` (mapped again, or dropped by the program).
     fn discard(&self, index: u64) -> Result<(), StoreError>;
 
+    /// Whether the store has room to keep a copy of pages faulted back (see the `copies`
+    /// module): such a copy is discarded later, or becomes the page's stored content when the
+    /// page is evicted unchanged. Stores that cannot spare the room say no.
+    fn room_for_copies(&self) -> bool {
+        false
+    }
+
     /// Moves the survivors of half-dead groups into new ones (see [`StoreCore::repack_groups`]):
     /// how many pages it moved, at most `max_pages`. Stores without groups have nothing to do.
     fn repack_groups(&self, _max_pages: usize) -> usize {
@@ -88,6 +95,9 @@ impl BackingStore for PageStore {
     }
     fn discard(&self, index: u64) -> Result<(), StoreError> {
         StoreCore::discard(self, index)
+    }
+    fn room_for_copies(&self) -> bool {
+        StoreCore::room_for_copies(self)
     }
     fn repack_groups(&self, max_pages: usize) -> usize {
         StoreCore::repack_groups(self, max_pages)

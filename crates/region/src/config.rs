@@ -54,6 +54,10 @@ pub struct RegionConfig {
     /// one CPU; the thread's own affinity comes back when another thread faults, the faults
     /// stop (0.5 s), or the region is dropped.
     pub colocate: bool,
+    /// A page faulted back keeps its compressed copy in the store while the store is under
+    /// half full (see the `copies` module); evicted again unchanged, it costs a move and a
+    /// hash instead of a compression. Costs the copies' room in the store.
+    pub clean_copies: bool,
     /// Bytes of DRAM the compressed pages may use (zram's mem_limit); None = unlimited. When
     /// the store is full, pages that cannot be evicted stay resident beyond the budget.
     pub store_limit: Option<u64>,
@@ -137,6 +141,7 @@ impl RegionConfig {
             handler_threads: 1,
             handler_spin_us: 50,
             colocate: true,
+            clean_copies: true,
             store_limit: None,
             evict_group: None,
             lower: None,

@@ -104,6 +104,8 @@ impl Shared {
         self.slots
             .take_empty(room, &mut slots, |addr, len| self.clear_staging(addr, len));
         let mut victims = Vec::with_capacity(STAGING_SLOTS);
+        // The hash of each victim's clean copy (0: none), see the `copies` module.
+        let mut copy_hash = [0u128; STAGING_SLOTS];
         {
             let mut inner = s.inner.lock();
             let n = n.min(slots.len());
@@ -153,6 +155,9 @@ impl Shared {
             }
             for (k, &v) in victims.iter().enumerate() {
                 inner.staged.insert(v, self.slots.addr(slots[k]));
+                if let Some(c) = inner.copies.as_ref() {
+                    copy_hash[k] = c.hash_of(v).unwrap_or(0);
+                }
             }
             inner.resident -= victims.len();
         }
@@ -219,6 +224,7 @@ impl Shared {
                         if inner.state.get(v as usize) == Staged {
                             inner.state.set(v as usize, Absent);
                             inner.staged.remove(&v);
+                            inner.drop_copy(&**s.store, v);
                         }
                     }
                     Err(e) if e.code() == libc::EBADF => {
@@ -295,12 +301,37 @@ impl Shared {
             // batch hands the slot back (Slots::put_used).
             unsafe { std::slice::from_raw_parts(self.slots.addr(slots[slot]) as *const u8, PAGE) }
         };
+        // Victims with a clean copy: out of the program's reach now, so the hash is final.
+        // Unchanged, the copy is their stored content; changed, it goes.
+        let mut changed = [0u32; STAGING_SLOTS];
+        let mut n_changed = 0;
+        for slot in 0..victims.len() {
+            if outcome[slot] && copy_hash[slot] != 0 {
+                if crate::copies::page_hash(page_at(slot)) == copy_hash[slot] {
+                    kept[slot] = Kept::Clean;
+                } else {
+                    changed[n_changed] = victims[slot];
+                    n_changed += 1;
+                }
+            }
+        }
+        if n_changed > 0 {
+            let mut inner = s.inner.lock();
+            for &v in &changed[..n_changed] {
+                inner.drop_copy(&**s.store, v);
+            }
+            drop(inner);
+            self.counters
+                .copies_changed
+                .fetch_add(n_changed as u64, Relaxed);
+        }
         if self.evict_group > 1 {
             // Groups of `evict_group` moved pages, in victim order, each one block whatever the
             // pages' addresses (fixed arrays: no allocation per batch).
             let mut group_slots = [0usize; MAX_BLOCK_PAGES];
             let mut k = 0;
-            for slot in (0..victims.len()).filter(|&slot| outcome[slot]) {
+            let clean_at = kept.map(|k| k == Kept::Clean);
+            for slot in (0..victims.len()).filter(|&slot| outcome[slot] && !clean_at[slot]) {
                 group_slots[k] = slot;
                 k += 1;
                 if k == self.evict_group {
@@ -313,7 +344,7 @@ impl Shared {
             }
         } else {
             for (slot, &v) in victims.iter().enumerate() {
-                if outcome[slot] {
+                if outcome[slot] && kept[slot] != Kept::Clean {
                     kept[slot] = self.store_page(v, page_at(slot));
                 }
             }
@@ -321,6 +352,8 @@ impl Shared {
         self.counters.add_ns(&self.counters.evict_store_ns, t_store);
         let mut evicted = 0;
         let mut incompressible = 0;
+        let mut clean = 0;
+        let mut refused = false;
         {
             let mut inner = s.inner.lock();
             for (slot, &v) in victims.iter().enumerate() {
@@ -328,10 +361,16 @@ impl Shared {
                     continue;
                 }
                 let i = v as usize;
-                let stored = kept[slot] == Kept::Stored;
+                refused |= kept[slot] == Kept::Refused;
+                let stored = matches!(kept[slot], Kept::Stored | Kept::Clean);
                 if inner.state.get(i) == Staged && stored {
                     inner.state.set(i, Stored);
                     inner.staged.remove(&v);
+                    if kept[slot] == Kept::Clean {
+                        // The copy is the stored page now, no longer a copy.
+                        inner.copies.as_mut().map(|c| c.take(v));
+                        clean += 1;
+                    }
                     evicted += 1;
                 } else if inner.state.get(i) == Staged {
                     // Not stored (the store is full, or the page does not compress): put the
@@ -357,11 +396,19 @@ impl Shared {
                         tracing::error!("page {i} could neither be stored nor put back");
                         inner.state.set(i, Poisoned);
                     }
-                } else if stored {
-                    // Faulted back from staging, or dropped by the program, meanwhile.
+                } else if kept[slot] == Kept::Stored {
+                    // Faulted back from staging, or dropped by the program, meanwhile. (A clean
+                    // page faulted back keeps its copy; one dropped lost it with `forget`.)
                     let _ = s.store.discard(v as u64);
                 }
             }
+        }
+        if clean > 0 {
+            self.counters.clean_evictions.fetch_add(clean, Relaxed);
+        }
+        if refused {
+            // The store is full: copies of resident pages make room for pages that must leave.
+            self.give_up_copies(4 * STAGING_SLOTS);
         }
         self.counters.staged_now.store(0, Relaxed);
         // A moved page stays in its slot until slots run out (see slots.rs).
@@ -386,6 +433,27 @@ impl Shared {
         }
         // Pages kept back count as evicted for the caller: they left the budget.
         evicted + incompressible as usize
+    }
+
+    /// Discards up to `max` clean copies, oldest first, for room in the store; how many. Only
+    /// between eviction batches (under `evict_lock`, no page of ours is Staged).
+    fn give_up_copies(&self, max: usize) -> usize {
+        let s = &self.root;
+        let mut pages = Vec::new();
+        if let Some(c) = s.inner.lock().copies.as_mut() {
+            c.take_oldest(max, &mut pages);
+        }
+        for &p in &pages {
+            let _ = s.store.discard(u64::from(p));
+        }
+        if !pages.is_empty() {
+            self.counters
+                .copies_given_up
+                .fetch_add(pages.len() as u64, Relaxed);
+            // Room was made: the next batch need not wait out the full store's back-off.
+            self.store_full.store(false, Relaxed);
+        }
+        pages.len()
     }
 
     /// Stores one evicted page. A page that does not compress is not stored (it is put back
@@ -577,6 +645,8 @@ const INCOMPRESSIBLE_RETRY_PAGES: usize = 256;
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kept {
     Stored,
+    /// Unchanged since it was faulted in: its clean copy is its stored content.
+    Clean,
     /// The store is full: the page goes back under the budget.
     Refused,
     /// It does not compress: the page goes back outside the budget.

@@ -112,6 +112,7 @@ impl Shared {
         // A page mapped here that we believed resident is counted again below: take it out.
         if st == Resident {
             inner.uncount_resident(idx as u32);
+            inner.drop_copy(&**s.store, idx as u32);
             kinds[0] = Absent;
         }
         for k in 0..run {
@@ -226,8 +227,8 @@ impl Shared {
             }
         }
         self.counters.add_ns(&self.counters.map_ns, t_map);
-        let mut inner = s.inner.lock();
         if mapped & 1 == 0 {
+            let mut inner = s.inner.lock();
             for (k, &kind) in kinds.iter().enumerate() {
                 if inner.state.get(idx + k) == Faulting {
                     inner.state.set(idx + k, kind);
@@ -248,6 +249,18 @@ impl Shared {
         if self.enomem_streak.load(Relaxed) != 0 {
             self.enomem_streak.store(0, Relaxed);
         }
+        // Pages read from the store keep their copy there while it has room (see `copies`):
+        // hashed here, after the faulting thread was woken, from the bytes it was given.
+        let keep = s.is_root && self.clean_copies && !use_zero && s.store.room_for_copies();
+        let mut hashes = [0u128; 64];
+        if keep {
+            for (k, &kind) in kinds.iter().enumerate() {
+                if kind == Stored && mapped & (1 << k) != 0 {
+                    hashes[k] = crate::copies::page_hash(&buf[k * PAGE..(k + 1) * PAGE]);
+                }
+            }
+        }
+        let mut inner = s.inner.lock();
         for (k, &kind) in kinds.iter().enumerate() {
             let i = idx + k;
             if inner.state.get(i) != Faulting {
@@ -260,7 +273,12 @@ impl Shared {
             inner.state.set(i, Resident);
             inner.admit(i as u32);
             if kind == Stored {
-                let _ = s.store.discard(i as u64);
+                match inner.copies.as_mut().filter(|_| hashes[k] != 0) {
+                    Some(c) => c.keep(i as u32, hashes[k]),
+                    None => {
+                        let _ = s.store.discard(i as u64);
+                    }
+                }
             }
         }
         drop(inner);

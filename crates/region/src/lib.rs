@@ -15,6 +15,7 @@ pub mod budget;
 mod budget_loop;
 mod colocate;
 mod config;
+mod copies;
 mod error;
 mod events;
 mod evict;
@@ -174,10 +175,16 @@ impl Region {
             base: region.addr(),
             pages,
             store: std::mem::ManuallyDrop::new(store),
-            inner: Mutex::new(SpaceInner::new(
-                StateTable::new(pages),
-                Some(Tracker::new(pages, cfg.eviction)),
-            )),
+            inner: Mutex::new({
+                let mut inner = SpaceInner::new(
+                    StateTable::new(pages),
+                    Some(Tracker::new(pages, cfg.eviction)),
+                );
+                if cfg.clean_copies {
+                    inner.copies = Some(copies::CleanCopies::new(pages));
+                }
+                inner
+            }),
             is_root: true,
             dead: AtomicBool::new(false),
         };
@@ -189,6 +196,7 @@ impl Region {
             budget_pages: AtomicUsize::new(budget_pages),
             fault_around: cfg.fault_around,
             evict_group,
+            clean_copies: cfg.clean_copies,
             run_pages: AtomicUsize::new(0),
             evict_lock: Mutex::new(()),
             evictor_wake: Condvar::new(),
@@ -290,7 +298,7 @@ impl Region {
     pub fn stats(&self) -> RegionStats {
         let sh = self.shared();
         let c = &sh.counters;
-        let (resident, pinned, held, incompressible) = {
+        let (resident, pinned, held, incompressible, clean_copies) = {
             let inner = sh.root.inner.lock();
             let page = PAGE as u64;
             (
@@ -298,6 +306,7 @@ impl Region {
                 inner.pinned_resident as u64 * page,
                 inner.held.len() as u64 * page,
                 inner.incompressible.len() as u64 * page,
+                inner.copies.as_ref().map_or(0, |c| c.count()) as u64 * page,
             )
         };
         let fault_latency = {
@@ -330,6 +339,10 @@ impl Region {
             staging_cleared: c.staging_cleared.load(Relaxed),
             forks: c.forks.load(Relaxed),
             store_refused: c.store_refused.load(Relaxed),
+            clean_copies,
+            clean_evictions: c.clean_evictions.load(Relaxed),
+            copies_changed: c.copies_changed.load(Relaxed),
+            copies_given_up: c.copies_given_up.load(Relaxed),
             colocations: sh.colocation.pins(),
             fault_latency,
             handler_time: HandlerTime {

@@ -75,6 +75,9 @@ pub(crate) struct SpaceInner {
     /// DRAM as mapped): outside `resident` and the policy, like held pages, until
     /// `retry_incompressible` gives them another chance or the program drops them.
     pub incompressible: std::collections::HashSet<u32>,
+    /// Resident pages whose compressed copy the store keeps (the creator's space only, where
+    /// `RegionConfig::clean_copies` is on).
+    pub copies: Option<crate::copies::CleanCopies>,
 }
 
 /// Pages just faulted in are held back from the policy this long (in faults): the faulting
@@ -97,6 +100,7 @@ impl SpaceInner {
             pinned_resident: 0,
             held: Default::default(),
             incompressible: Default::default(),
+            copies: None,
         }
     }
 
@@ -150,17 +154,26 @@ impl SpaceInner {
         match self.state.get(i) {
             PageState::Resident => {
                 self.uncount_resident(i as u32);
+                self.drop_copy(store, i as u32);
             }
             PageState::Stored => {
                 let _ = store.discard(i as u64);
             }
             PageState::Staged => {
                 self.staged.remove(&(i as u32));
+                self.drop_copy(store, i as u32);
             }
             _ => {}
         }
         if self.state.get(i) != to {
             self.state.set(i, to);
+        }
+    }
+
+    /// Page `page`'s clean copy (if it has one) is discarded: its content changed or is gone.
+    pub fn drop_copy(&mut self, store: &dyn BackingStore, page: u32) {
+        if self.copies.as_mut().is_some_and(|c| c.take(page)) {
+            let _ = store.discard(u64::from(page));
         }
     }
 
@@ -294,6 +307,11 @@ pub(crate) struct Counters {
     pub store_refused: AtomicU64,
     /// Evicted pages that did not compress, put back outside the budget (each time).
     pub incompressible_kept: AtomicU64,
+    /// Evicted pages found unchanged since their fault-in: their clean copy became their stored
+    /// content (no compression); copies found changed; copies given up for room.
+    pub clean_evictions: AtomicU64,
+    pub copies_changed: AtomicU64,
+    pub copies_given_up: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -306,6 +324,8 @@ pub(crate) struct Shared {
     pub fault_around: usize,
     /// Evicted pages compressed together as one block (1 = page by page).
     pub evict_group: usize,
+    /// `RegionConfig::clean_copies`.
+    pub clean_copies: bool,
     /// Pages per `UFFDIO_MOVE` in the last eviction batch (see `Shared::evict_while_idle`).
     pub run_pages: AtomicUsize,
     pub evict_lock: Mutex<()>,

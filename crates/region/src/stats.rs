@@ -92,6 +92,20 @@ pub struct RegionStats {
     pub forks: u64,
     /// Evicted pages the store refused because it was full (they stayed resident).
     pub store_refused: u64,
+    /// Bytes of resident pages whose compressed copy the store keeps (`RegionConfig::
+    /// clean_copies`; counted in `store.orig_data_size` too).
+    #[serde(default)]
+    pub clean_copies: u64,
+    /// Pages evicted unchanged since their fault-in: their copy became their stored content,
+    /// without a compression.
+    #[serde(default)]
+    pub clean_evictions: u64,
+    /// Copies discarded at eviction because the page had changed, and copies given up to make
+    /// room in a full store.
+    #[serde(default)]
+    pub copies_changed: u64,
+    #[serde(default)]
+    pub copies_given_up: u64,
     /// Times a thread taking every fault was pinned to one CPU with the region's threads
     /// (`RegionConfig::colocate`).
     #[serde(default)]
@@ -114,7 +128,9 @@ impl RegionStats {
     /// Bytes of the region's data per byte of DRAM it uses (resident + staged + compressed
     /// pool): how much more memory the program sees than it costs.
     pub fn effective_ratio(&self) -> f64 {
-        let data = self.resident + self.staged + self.store.orig_data_size;
+        // A clean copy is the same data as its resident page: counted once.
+        let data = (self.resident + self.staged + self.store.orig_data_size)
+            .saturating_sub(self.clean_copies);
         let dram = self.resident + self.staged + self.staging_kept + self.store.mem_used_total;
         if dram == 0 {
             return 0.0;

@@ -988,3 +988,107 @@ fn a_child_that_forks_again_keeps_its_own_descriptors() {
     wait_for_child(pid);
     check(page_mut(&r, 0), 0, 1);
 }
+
+/// Pages faulted back keep their compressed copy: evicted again unchanged they are not
+/// compressed again; changed (all of it, or one byte at its end), their copy goes and the new
+/// content is stored. Every page is checked against its version after each pass.
+#[test]
+fn pages_evicted_unchanged_reuse_their_copy_and_changed_ones_do_not() {
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 1);
+    }
+    let s0 = r.stats();
+    // Read pass, twice: pages come back, others leave; the ones leaving were only read.
+    for _ in 0..2 {
+        for i in 0..pages {
+            check(page_mut(&r, i), i, 1);
+        }
+    }
+    let s1 = r.stats();
+    let clean = s1.clean_evictions - s0.clean_evictions;
+    let written = s1.store.writes - s0.store.writes;
+    assert!(clean as usize >= pages, "clean evictions {clean}: {s1:?}");
+    assert!(
+        written < clean / 4,
+        "{written} pages compressed again for {clean} clean evictions: {s1:?}"
+    );
+    assert_eq!(s1.copies_changed, s0.copies_changed, "{s1:?}");
+    // Write pass: every page changes, none may come back with its old content.
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 2);
+    }
+    for i in 0..pages {
+        check(page_mut(&r, i), i, 2);
+    }
+    let s2 = r.stats();
+    assert!(
+        (s2.copies_changed - s1.copies_changed) as usize >= pages / 2,
+        "{s2:?}"
+    );
+    // One byte at the very end of each page: the hash covers the whole page.
+    for i in 0..pages {
+        check(page_mut(&r, i), i, 2);
+        page_mut(&r, i)[PAGE - 1] ^= 0x5a;
+    }
+    for i in 0..pages {
+        let p = page_mut(&r, i);
+        p[PAGE - 1] ^= 0x5a;
+        check(p, i, 2);
+    }
+    // Dropped pages lose their copy: they read zeros, whatever they held.
+    let s3 = r.stats();
+    assert!(s3.clean_copies > 0, "{s3:?}");
+    // SAFETY: the whole region, which the test owns.
+    let rc = unsafe { libc::madvise(r.as_ptr().cast(), r.len(), libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    for i in 0..pages {
+        assert!(page_mut(&r, i).iter().all(|&b| b == 0), "page {i}");
+    }
+    let s4 = r.stats();
+    assert_eq!(s4.clean_copies, 0, "{s4:?}");
+    assert!(s4.resident <= s4.budget, "{s4:?}");
+}
+
+/// A store that fills up gives up the copies of resident pages to take pages that must leave,
+/// and no page is lost on the way.
+#[test]
+fn a_full_store_gives_up_clean_copies_first() {
+    let mut cfg = RegionConfig::new(64 * MIB, Budget::Fixed(MIB));
+    cfg.store_limit = Some(8 * MIB);
+    let Some(r) = region_with(cfg) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    // A first half, read back twice: copies kept while the store is under half full.
+    let half = pages / 2;
+    for i in 0..half {
+        fill_random(page_mut(&r, i), i, 1);
+        page_mut(&r, i)[2048..].fill(i as u8); // half random: ~2 KiB stored each
+    }
+    let mut model = vec![0u8; PAGE];
+    let expect = |i: usize, v: u64, model: &mut Vec<u8>| {
+        fill_random(model, i, v);
+        model[2048..].fill(i as u8);
+    };
+    for i in 0..half {
+        expect(i, 1, &mut model);
+        assert!(page_mut(&r, i) == &model[..], "page {i}");
+    }
+    let s1 = r.stats();
+    assert!(s1.clean_copies > 0, "{s1:?}");
+    // Then the rest: the store fills up, and copies go first.
+    for i in half..pages {
+        fill_random(page_mut(&r, i), i, 1);
+        page_mut(&r, i)[2048..].fill(i as u8);
+    }
+    for i in 0..pages {
+        expect(i, 1, &mut model);
+        assert!(page_mut(&r, i) == &model[..], "page {i}");
+    }
+    let s2 = r.stats();
+    assert!(s2.copies_given_up > 0, "{s2:?}");
+}

@@ -40,6 +40,10 @@ pub const ENV_HANDLER_THREADS: &str = "ZMEM_HANDLER_THREADS";
 /// `0`: never pin the thread taking every fault and zmem's threads to one CPU
 /// (`--no-colocate`); unset or `1`: do (see zmem_region's `RegionConfig::colocate`).
 pub const ENV_COLOCATE: &str = "ZMEM_COLOCATE";
+/// `0`: never keep the compressed copy of a page faulted back (`--no-clean-copies`); unset or
+/// `1`: keep it while the store is under half full (see zmem_region's
+/// `RegionConfig::clean_copies`).
+pub const ENV_CLEAN_COPIES: &str = "ZMEM_CLEAN_COPIES";
 /// Where the SSD tier's log lives (`--ssd`): a directory (an unnamed file there, gone when the
 /// process exits) or a block device; unset: no SSD tier.
 pub const ENV_SSD: &str = "ZMEM_SSD";
@@ -67,7 +71,7 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 19] = [
+pub const ALL_VARS: [&str; 20] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -77,6 +81,7 @@ pub const ALL_VARS: [&str; 19] = [
     ENV_EVICTION,
     ENV_HANDLER_THREADS,
     ENV_COLOCATE,
+    ENV_CLEAN_COPIES,
     ENV_SSD,
     ENV_SSD_SIZE,
     ENV_SSD_ENCRYPT,
@@ -136,6 +141,7 @@ pub struct RunConfig {
     pub eviction: Eviction,
     pub handler_threads: usize,
     pub colocate: bool,
+    pub clean_copies: bool,
     /// The SSD tier's log (see [`ENV_SSD`]), its size and whether it is encrypted.
     pub ssd: Option<PathBuf>,
     pub ssd_size: Option<u64>,
@@ -161,6 +167,7 @@ impl Default for RunConfig {
             eviction: Eviction::Clock,
             handler_threads: 1,
             colocate: true,
+            clean_copies: true,
             ssd: None,
             ssd_size: None,
             ssd_encrypt: true,
@@ -236,6 +243,11 @@ impl RunConfig {
             Some("0") => false,
             Some(v) => return Err(invalid(ENV_COLOCATE, v, "expected 0 or 1")),
         };
+        c.clean_copies = match get(ENV_CLEAN_COPIES).as_deref() {
+            None | Some("1") | Some("") => true,
+            Some("0") => false,
+            Some(v) => return Err(invalid(ENV_CLEAN_COPIES, v, "expected 0 or 1")),
+        };
         c.ssd = get(ENV_SSD).filter(|s| !s.is_empty()).map(PathBuf::from);
         c.ssd_size = size(ENV_SSD_SIZE)?;
         c.ssd_encrypt = match get(ENV_SSD_ENCRYPT).as_deref() {
@@ -297,6 +309,9 @@ impl RunConfig {
         v.push((ENV_HANDLER_THREADS, self.handler_threads.to_string()));
         if !self.colocate {
             v.push((ENV_COLOCATE, "0".into()));
+        }
+        if !self.clean_copies {
+            v.push((ENV_CLEAN_COPIES, "0".into()));
         }
         if let Some(d) = &self.ssd {
             v.push((ENV_SSD, d.display().to_string()));
@@ -435,9 +450,13 @@ impl ProcessStats {
         self.region.resident + self.region.staged
     }
 
-    /// Heap bytes held compressed (uncompressed size; zram's orig_data_size).
+    /// Heap bytes held compressed (uncompressed size; zram's orig_data_size), without the
+    /// clean copies of resident pages (counted once, as resident).
     pub fn orig_data_size(&self) -> u64 {
-        self.region.store.orig_data_size
+        self.region
+            .store
+            .orig_data_size
+            .saturating_sub(self.region.clean_copies)
     }
 
     /// Their compressed size (zram's compr_data_size).
@@ -476,6 +495,11 @@ impl ProcessStats {
     /// Heap bytes in DRAM, outside the budget, because they did not compress when evicted.
     pub fn incompressible(&self) -> u64 {
         self.region.incompressible
+    }
+
+    /// Evictions of pages unchanged since their fault-in, which reused their compressed copy.
+    pub fn clean_evictions(&self) -> u64 {
+        self.region.clean_evictions
     }
 
     /// Evictions the store refused because it was full (pages stayed in DRAM).
@@ -643,6 +667,7 @@ mod tests {
             eviction: Eviction::Fifo,
             handler_threads: 2,
             colocate: false,
+            clean_copies: false,
             ssd: Some("/var/tmp".into()),
             ssd_size: Some(2 << 30),
             ssd_encrypt: false,
@@ -693,6 +718,7 @@ mod tests {
             (ENV_HANDLER_THREADS, "0"),
             (ENV_HANDLER_THREADS, "99"),
             (ENV_COLOCATE, "yes"),
+            (ENV_CLEAN_COPIES, "no"),
             (ENV_ON_ERROR, "ignore"),
             (ENV_RUN_PID, "0"),
             (ENV_RUN_PID, "me"),

@@ -72,6 +72,15 @@ pub fn table(rows: &[&ProcessStats]) -> String {
             human(s.incompressible())
         );
     }
+    for s in rows.iter().filter(|s| s.clean_evictions() > 0) {
+        out += &format!(
+            "zmem: pid {}: {} evictions of pages unchanged since their fault reused the \
+             compressed copy (no compression); {} of resident pages have one now\n",
+            s.pid,
+            s.clean_evictions(),
+            human(s.region.clean_copies)
+        );
+    }
     out
 }
 

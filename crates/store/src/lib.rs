@@ -244,6 +244,20 @@ impl StoreCore {
         self.inner.pool.compact()
     }
 
+    /// Whether the store has room to keep the copies of pages faulted back (the region's
+    /// clean copies): below half its memory limit, or of its SSD log where it has one (the
+    /// kernel keeps a swapped-in page's swap slot on the same terms: `vm_swap_full`).
+    pub fn room_for_copies(&self) -> bool {
+        let inner = &self.inner;
+        if let Some(l) = inner.lower.as_ref() {
+            return l.log.live_bytes() < l.log.config().size / 2;
+        }
+        inner
+            .pool
+            .mem_limit()
+            .is_none_or(|limit| inner.pool.mem_used() < limit / 2)
+    }
+
     pub fn set_mem_limit(&self, limit: Option<u64>) {
         self.inner.pool.set_mem_limit(limit);
     }

@@ -276,6 +276,11 @@ impl Log {
         self.seg_size - header_len(1) - self.sealer.overhead()
     }
 
+    /// Bytes of live objects in the log now (`LogStats::live_bytes`, without the rest).
+    pub fn live_bytes(&self) -> u64 {
+        self.counters.live_bytes.load(Ordering::Relaxed)
+    }
+
     pub fn config(&self) -> &LogConfig {
         &self.cfg
     }

@@ -175,6 +175,10 @@ pub struct RegionArgs {
     /// (RegionConfig::colocate; on by default).
     #[arg(long)]
     pub no_colocate: bool,
+    /// zmem region: never keep the compressed copy of a page faulted back
+    /// (RegionConfig::clean_copies; on by default).
+    #[arg(long)]
+    pub no_clean_copies: bool,
     /// JSON output.
     #[arg(long, default_value = "bench-out/region.json")]
     pub json: PathBuf,
