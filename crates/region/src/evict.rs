@@ -409,6 +409,10 @@ impl Shared {
         if refused {
             // The store is full: copies of resident pages make room for pages that must leave.
             self.give_up_copies(4 * STAGING_SLOTS);
+        } else if evicted > 0 && !s.store.room_for_copies() {
+            // Past half full, copies go as fast as pages come in (twice as fast), so that they
+            // never raise the store's peak: copies are a cache of the store's spare room.
+            self.give_up_copies(2 * evicted);
         }
         self.counters.staged_now.store(0, Relaxed);
         // A moved page stays in its slot until slots run out (see slots.rs).
