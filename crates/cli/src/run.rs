@@ -13,7 +13,7 @@ use std::process::Command;
 
 use clap::{Args, ValueEnum};
 use zmem_engine::Policy;
-use zmem_region::{Budget, Eviction, Region, RegionConfig, MIN_BUDGET_BYTES};
+use zmem_region::{Budget, CleanCopies, Eviction, Region, RegionConfig, MIN_BUDGET_BYTES};
 use zmem_runenv::{OnError, RunConfig};
 
 use crate::size::{format_size as fmt_size, format_size_approx as human, parse_size};
@@ -22,6 +22,13 @@ use crate::size::{format_size as fmt_size, format_size_approx as human, parse_si
 pub const PRELOAD_LIB: &str = "libzmem_preload.so";
 /// Overrides where `zmem run` finds the preload library.
 pub const ENV_PRELOAD: &str = "ZMEM_PRELOAD";
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum CleanCopiesArg {
+    Off,
+    Ssd,
+    All,
+}
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum EvictionArg {
@@ -78,11 +85,12 @@ pub struct RunArgs {
     /// gives the thread its own affinity back when another thread faults or the faults stop.
     #[arg(long)]
     pub no_colocate: bool,
-    /// Never keep the compressed copy of a page faulted back. By default zmem keeps it while
-    /// the store is under half full, so that a page evicted again unchanged is not compressed
-    /// again (read-mostly programs evict at the cost of a move).
-    #[arg(long)]
-    pub no_clean_copies: bool,
+    /// Which pages faulted back keep their compressed copy, so that evicted again unchanged
+    /// they are not compressed (or written to the SSD log) again: ssd (copies that cost no
+    /// DRAM: pages read back from the SSD log), all (any page, while the store is under half
+    /// its limit: faster for read-mostly programs, at the copies' size in DRAM), off.
+    #[arg(long, value_enum, default_value = "ssd")]
+    pub clean_copies: CleanCopiesArg,
     /// Write the final statistics as JSON here.
     #[arg(long)]
     pub stats: Option<PathBuf>,
@@ -218,7 +226,11 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
         },
         handler_threads: a.handler_threads as usize,
         colocate: !a.no_colocate,
-        clean_copies: !a.no_clean_copies,
+        clean_copies: match a.clean_copies {
+            CleanCopiesArg::Off => CleanCopies::Off,
+            CleanCopiesArg::Ssd => CleanCopies::Ssd,
+            CleanCopiesArg::All => CleanCopies::All,
+        },
         // Absolute, like --stats.
         ssd: a
             .ssd

@@ -61,6 +61,12 @@ pub trait BackingStore: Send + Sync {
         false
     }
 
+    /// Whether keeping page `index`'s copy costs no DRAM (it lies on a lower tier, or takes
+    /// no object at all): `CleanCopies::Ssd` keeps only those.
+    fn copy_costs_no_dram(&self, _index: u64) -> bool {
+        false
+    }
+
     /// Moves the survivors of half-dead groups into new ones (see [`StoreCore::repack_groups`]):
     /// how many pages it moved, at most `max_pages`. Stores without groups have nothing to do.
     fn repack_groups(&self, _max_pages: usize) -> usize {
@@ -98,6 +104,9 @@ impl BackingStore for PageStore {
     }
     fn room_for_copies(&self) -> bool {
         StoreCore::room_for_copies(self)
+    }
+    fn copy_costs_no_dram(&self, index: u64) -> bool {
+        StoreCore::copy_costs_no_dram(self, index)
     }
     fn repack_groups(&self, max_pages: usize) -> usize {
         StoreCore::repack_groups(self, max_pages)

@@ -251,11 +251,17 @@ impl Shared {
         }
         // Pages read from the store keep their copy there while it has room (see `copies`):
         // hashed here, after the faulting thread was woken, from the bytes it was given.
-        let keep = s.is_root && self.clean_copies && !use_zero && s.store.room_for_copies();
+        let mode = self.clean_copies;
+        let keep =
+            s.is_root && mode != crate::CleanCopies::Off && !use_zero && s.store.room_for_copies();
         let mut hashes = [0u128; 64];
         if keep {
             for (k, &kind) in kinds.iter().enumerate() {
-                if kind == Stored && mapped & (1 << k) != 0 {
+                if kind == Stored
+                    && mapped & (1 << k) != 0
+                    && (mode == crate::CleanCopies::All
+                        || s.store.copy_costs_no_dram((idx + k) as u64))
+                {
                     hashes[k] = crate::copies::page_hash(&buf[k * PAGE..(k + 1) * PAGE]);
                 }
             }

@@ -48,8 +48,8 @@ use state::StateTable;
 pub use backing::{BackingStore, StoreFactory};
 pub use budget::{AdaptiveConfig, BudgetSample};
 pub use config::{
-    default_evict_group, default_ssd_store_limit, Budget, RegionConfig, DEFAULT_SSD_SIZE,
-    MIN_BUDGET_BYTES, MIN_BUDGET_PAGES, MIN_SSD_STORE_LIMIT, PAGE,
+    default_evict_group, default_ssd_store_limit, Budget, CleanCopies, RegionConfig,
+    DEFAULT_SSD_SIZE, MIN_BUDGET_BYTES, MIN_BUDGET_PAGES, MIN_SSD_STORE_LIMIT, PAGE,
 };
 pub use error::RegionError;
 /// Whether this machine can run regions: what `zmem doctor` asks.
@@ -180,7 +180,7 @@ impl Region {
                     StateTable::new(pages),
                     Some(Tracker::new(pages, cfg.eviction)),
                 );
-                if cfg.clean_copies {
+                if cfg.clean_copies != CleanCopies::Off {
                     inner.copies = Some(copies::CleanCopies::new(pages));
                 }
                 inner

@@ -76,7 +76,7 @@ pub(crate) struct SpaceInner {
     /// `retry_incompressible` gives them another chance or the program drops them.
     pub incompressible: std::collections::HashSet<u32>,
     /// Resident pages whose compressed copy the store keeps (the creator's space only, where
-    /// `RegionConfig::clean_copies` is on).
+    /// `RegionConfig::clean_copies` is not `Off`).
     pub copies: Option<crate::copies::CleanCopies>,
 }
 
@@ -325,7 +325,7 @@ pub(crate) struct Shared {
     /// Evicted pages compressed together as one block (1 = page by page).
     pub evict_group: usize,
     /// `RegionConfig::clean_copies`.
-    pub clean_copies: bool,
+    pub clean_copies: crate::CleanCopies,
     /// Pages per `UFFDIO_MOVE` in the last eviction batch (see `Shared::evict_while_idle`).
     pub run_pages: AtomicUsize,
     pub evict_lock: Mutex<()>,

@@ -2,7 +2,7 @@
 //! (with the reason) where /dev/userfaultfd cannot be opened.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -15,12 +15,19 @@ use support::*;
 /// Pages kept as they are, by index.
 #[derive(Default)]
 struct MapStore {
-    pages: Mutex<HashMap<u64, Box<[u8]>>>,
+    pages: Arc<Mutex<HashMap<u64, Box<[u8]>>>>,
     writes: Arc<AtomicU64>,
+    /// What `room_for_copies` answers (copies cost nothing here otherwise).
+    room: Arc<AtomicBool>,
+    /// While set, writes are refused as by a full store.
+    full: Arc<AtomicBool>,
 }
 
 impl BackingStore for MapStore {
     fn write(&self, index: u64, page: &[u8]) -> Result<(), StoreError> {
+        if self.full.load(Relaxed) {
+            return Err(StoreError::MemoryLimit { used: 1, limit: 1 });
+        }
         self.writes.fetch_add(1, Relaxed);
         self.pages.lock().insert(index, page.into());
         Ok(())
@@ -35,6 +42,12 @@ impl BackingStore for MapStore {
     fn discard(&self, index: u64) -> Result<(), StoreError> {
         self.pages.lock().remove(&index);
         Ok(())
+    }
+    fn room_for_copies(&self) -> bool {
+        self.room.load(Relaxed)
+    }
+    fn copy_costs_no_dram(&self, _index: u64) -> bool {
+        true
     }
     fn stats(&self) -> StoreStats {
         let n = self.pages.lock().len() as u64 * PAGE as u64;
@@ -68,4 +81,78 @@ fn a_region_round_trips_through_a_test_store() {
     assert!(s.resident <= MIB);
     // What is not resident (or staged) is in the test store, as whole pages.
     assert!(s.store.orig_data_size >= (8 * MIB - MIB - s.staged) / 2);
+}
+
+/// Clean copies over a store that says when it has room: kept while it does, given up when a
+/// write is refused (the store is full) and as pages leave once it has no room, and never
+/// leaked: the store holds exactly the evicted pages plus one copy per page that has one.
+#[test]
+fn clean_copies_follow_the_store_s_room_and_never_leak() {
+    let pages_map: Arc<Mutex<HashMap<u64, Box<[u8]>>>> = Default::default();
+    let room = Arc::new(AtomicBool::new(true));
+    let full = Arc::new(AtomicBool::new(false));
+    let (m, rm, fl) = (pages_map.clone(), room.clone(), full.clone());
+    let factory: StoreFactory = Arc::new(move || {
+        Ok(Box::new(MapStore {
+            pages: m.clone(),
+            room: rm.clone(),
+            full: fl.clone(),
+            ..Default::default()
+        }) as Box<dyn BackingStore>)
+    });
+    let cfg = RegionConfig::new(8 * MIB, Budget::Fixed(MIB));
+    let Some(r) = skip_without_uffd(Region::with_store(cfg, factory)) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    // Every page touched, so each is resident, staged or in the store.
+    let in_store_matches = |what: &str| {
+        let t0 = std::time::Instant::now();
+        loop {
+            let s = r.stats();
+            let want = pages - (s.resident / PAGE as u64) as usize
+                + (s.clean_copies / PAGE as u64) as usize;
+            let have = pages_map.lock().len();
+            if (s.staged == 0 && have == want) || t0.elapsed().as_secs() > 5 {
+                assert_eq!(have, want, "{what}: {s:?}");
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    fill_and_check_all(&r, 1);
+    for i in 0..pages {
+        check(page_mut(&r, i), i, 1);
+    }
+    let s1 = in_store_matches("after reading");
+    assert!(s1.clean_evictions > 0 && s1.clean_copies > 0, "{s1:?}");
+    // A full store: the first refused write gives copies up; the pages that could not leave
+    // stay resident (over the budget) until the store takes writes again.
+    full.store(true, Relaxed);
+    for i in 0..pages / 4 {
+        fill(page_mut(&r, i), i, 3);
+    }
+    let t0 = std::time::Instant::now();
+    while r.stats().copies_given_up == 0 && t0.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let sf = r.stats();
+    assert!(sf.store_refused > 0 && sf.copies_given_up > 0, "{sf:?}");
+    full.store(false, Relaxed);
+    for i in 0..pages / 4 {
+        check(page_mut(&r, i), i, 3);
+        fill(page_mut(&r, i), i, 1);
+    }
+    // Eviction pauses a moment after a refusal; then the evictor takes the region back down
+    // to its budget.
+    let t0 = std::time::Instant::now();
+    while r.stats().resident > MIB && t0.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    in_store_matches("after a full store");
+    room.store(false, Relaxed);
+    fill_and_check_all(&r, 2);
+    let s2 = in_store_matches("after writing with no room");
+    assert!(s2.copies_given_up > sf.copies_given_up, "{s2:?}");
+    assert_eq!(s2.clean_copies, 0, "{s2:?}");
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use zmem_engine::Policy;
-use zmem_region::{Budget, Eviction, Region, RegionConfig, RegionError, PAGE};
+use zmem_region::{Budget, CleanCopies, Eviction, Region, RegionConfig, RegionError, PAGE};
 
 mod support;
 use support::*;
@@ -257,17 +257,6 @@ fn exhausted_budget_waits_never_fails() {
     let s = r.stats();
     assert!(s.direct_evictions > 0 || s.evictions > 0);
     assert!(s.resident <= s.budget + 64 * PAGE as u64, "{s:?}");
-}
-
-/// Fills `page` with random bytes (no codec shrinks them), seeded by (idx, version).
-fn fill_random(page: &mut [u8], idx: usize, version: u64) {
-    let mut x = (idx as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version | 1;
-    for chunk in page.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes());
-    }
 }
 
 #[test]
@@ -994,7 +983,20 @@ fn a_child_that_forks_again_keeps_its_own_descriptors() {
 /// content is stored. Every page is checked against its version after each pass.
 #[test]
 fn pages_evicted_unchanged_reuse_their_copy_and_changed_ones_do_not() {
-    let Some(r) = region(16 * MIB, MIB) else {
+    // By default only copies that cost no DRAM are kept: none without an SSD tier.
+    let Some(r) = region(8 * MIB, MIB) else {
+        return;
+    };
+    fill_and_check_all(&r, 1);
+    fill_and_check_all(&r, 1);
+    let s = r.stats();
+    assert!(s.major_faults > 0, "{s:?}");
+    assert_eq!((s.clean_copies, s.clean_evictions), (0, 0), "{s:?}");
+    drop(r);
+
+    let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
+    cfg.clean_copies = CleanCopies::All;
+    let Some(r) = region_with(cfg) else {
         return;
     };
     let pages = r.len() / PAGE;
@@ -1051,44 +1053,4 @@ fn pages_evicted_unchanged_reuse_their_copy_and_changed_ones_do_not() {
     let s4 = r.stats();
     assert_eq!(s4.clean_copies, 0, "{s4:?}");
     assert!(s4.resident <= s4.budget, "{s4:?}");
-}
-
-/// A store that fills up gives up the copies of resident pages to take pages that must leave,
-/// and no page is lost on the way.
-#[test]
-fn a_full_store_gives_up_clean_copies_first() {
-    let mut cfg = RegionConfig::new(64 * MIB, Budget::Fixed(MIB));
-    cfg.store_limit = Some(8 * MIB);
-    let Some(r) = region_with(cfg) else {
-        return;
-    };
-    let pages = r.len() / PAGE;
-    // A first half, read back twice: copies kept while the store is under half full.
-    let half = pages / 2;
-    for i in 0..half {
-        fill_random(page_mut(&r, i), i, 1);
-        page_mut(&r, i)[2048..].fill(i as u8); // half random: ~2 KiB stored each
-    }
-    let mut model = vec![0u8; PAGE];
-    let expect = |i: usize, v: u64, model: &mut Vec<u8>| {
-        fill_random(model, i, v);
-        model[2048..].fill(i as u8);
-    };
-    for i in 0..half {
-        expect(i, 1, &mut model);
-        assert!(page_mut(&r, i) == &model[..], "page {i}");
-    }
-    let s1 = r.stats();
-    assert!(s1.clean_copies > 0, "{s1:?}");
-    // Then the rest: the store fills up, and copies go first.
-    for i in half..pages {
-        fill_random(page_mut(&r, i), i, 1);
-        page_mut(&r, i)[2048..].fill(i as u8);
-    }
-    for i in 0..pages {
-        expect(i, 1, &mut model);
-        assert!(page_mut(&r, i) == &model[..], "page {i}");
-    }
-    let s2 = r.stats();
-    assert!(s2.copies_given_up > 0, "{s2:?}");
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use zmem_region::{Budget, RegionConfig, PAGE};
+use zmem_region::{Budget, CleanCopies, RegionConfig, PAGE};
 use zmem_store::LowerConfig;
 use zmem_tier::{Log, LogConfig};
 
@@ -91,4 +91,67 @@ fn a_forked_child_reads_pages_from_the_ssd_tier() {
     for i in 0..pages {
         check(page_mut(&r, i), i, 3);
     }
+}
+
+/// Pages read back from the log keep their copy there (it costs no DRAM): evicted again
+/// unchanged, they are neither compressed nor written to the log again. Same work with copies
+/// off writes every page again. Contents are checked after every pass, and after a write pass
+/// (changed pages must not come back with their old content).
+#[test]
+fn pages_read_back_from_the_log_keep_their_copy_there() {
+    let mut written = Vec::new();
+    for mode in [CleanCopies::Off, CleanCopies::Ssd] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = log(&dir, 128 << 20);
+        let mut cfg = ssd_region(&log, 32 * MIB, 2 * MIB, MIB);
+        cfg.clean_copies = mode;
+        let Some(r) = region_with(cfg) else {
+            return;
+        };
+        let pages = r.len() / PAGE;
+        // Half random: ~2 KiB stored per page, so nearly all of them go on to the log.
+        let half_random = |page: &mut [u8], i: usize, v: u64| {
+            fill_random(page, i, v);
+            page[2048..].fill(i as u8);
+        };
+        let mut model = vec![0u8; PAGE];
+        for i in 0..pages {
+            half_random(page_mut(&r, i), i, 1);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let s0 = r.stats();
+        for _ in 0..2 {
+            for i in 0..pages {
+                half_random(&mut model, i, 1);
+                assert!(page_mut(&r, i) == &model[..], "page {i}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let s1 = r.stats();
+        assert!(
+            s1.store.lower_reads > s0.store.lower_reads,
+            "{:?}",
+            s1.store
+        );
+        written.push(s1.store.writeback_pages - s0.store.writeback_pages);
+        if mode == CleanCopies::Ssd {
+            assert!(s1.clean_evictions as usize > pages / 2, "{s1:?}");
+        } else {
+            assert_eq!(s1.clean_evictions, 0, "{s1:?}");
+        }
+        for i in 0..pages {
+            fill(page_mut(&r, i), i, 2);
+        }
+        for i in (0..pages).rev() {
+            check(page_mut(&r, i), i, 2);
+        }
+        let l = log.stats();
+        assert_eq!(l.corrupt + l.read_errors + l.write_errors, 0, "{l:?}");
+    }
+    assert!(
+        written[1] * 4 < written[0],
+        "pages written back to the log while only reading: copies off {}, on {}",
+        written[0],
+        written[1]
+    );
 }

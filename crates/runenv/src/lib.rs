@@ -16,7 +16,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use zmem_engine::Policy;
-use zmem_region::{Eviction, RegionStats};
+use zmem_region::{CleanCopies, Eviction, RegionStats};
 
 pub use size::{parse_size, SizeError};
 
@@ -40,9 +40,8 @@ pub const ENV_HANDLER_THREADS: &str = "ZMEM_HANDLER_THREADS";
 /// `0`: never pin the thread taking every fault and zmem's threads to one CPU
 /// (`--no-colocate`); unset or `1`: do (see zmem_region's `RegionConfig::colocate`).
 pub const ENV_COLOCATE: &str = "ZMEM_COLOCATE";
-/// `0`: never keep the compressed copy of a page faulted back (`--no-clean-copies`); unset or
-/// `1`: keep it while the store is under half full (see zmem_region's
-/// `RegionConfig::clean_copies`).
+/// Which pages faulted back keep their compressed copy (`--clean-copies`): `off`, `ssd` (the
+/// default: those read back from the SSD log) or `all` (see zmem_region's `CleanCopies`).
 pub const ENV_CLEAN_COPIES: &str = "ZMEM_CLEAN_COPIES";
 /// Where the SSD tier's log lives (`--ssd`): a directory (an unnamed file there, gone when the
 /// process exits) or a block device; unset: no SSD tier.
@@ -141,7 +140,7 @@ pub struct RunConfig {
     pub eviction: Eviction,
     pub handler_threads: usize,
     pub colocate: bool,
-    pub clean_copies: bool,
+    pub clean_copies: CleanCopies,
     /// The SSD tier's log (see [`ENV_SSD`]), its size and whether it is encrypted.
     pub ssd: Option<PathBuf>,
     pub ssd_size: Option<u64>,
@@ -167,7 +166,7 @@ impl Default for RunConfig {
             eviction: Eviction::Clock,
             handler_threads: 1,
             colocate: true,
-            clean_copies: true,
+            clean_copies: CleanCopies::Ssd,
             ssd: None,
             ssd_size: None,
             ssd_encrypt: true,
@@ -243,10 +242,10 @@ impl RunConfig {
             Some("0") => false,
             Some(v) => return Err(invalid(ENV_COLOCATE, v, "expected 0 or 1")),
         };
-        c.clean_copies = match get(ENV_CLEAN_COPIES).as_deref() {
-            None | Some("1") | Some("") => true,
-            Some("0") => false,
-            Some(v) => return Err(invalid(ENV_CLEAN_COPIES, v, "expected 0 or 1")),
+        c.clean_copies = match get(ENV_CLEAN_COPIES).filter(|v| !v.is_empty()) {
+            None => CleanCopies::default(),
+            Some(v) => CleanCopies::parse(&v)
+                .ok_or_else(|| invalid(ENV_CLEAN_COPIES, &v, "expected off, ssd or all"))?,
         };
         c.ssd = get(ENV_SSD).filter(|s| !s.is_empty()).map(PathBuf::from);
         c.ssd_size = size(ENV_SSD_SIZE)?;
@@ -310,8 +309,8 @@ impl RunConfig {
         if !self.colocate {
             v.push((ENV_COLOCATE, "0".into()));
         }
-        if !self.clean_copies {
-            v.push((ENV_CLEAN_COPIES, "0".into()));
+        if self.clean_copies != CleanCopies::default() {
+            v.push((ENV_CLEAN_COPIES, self.clean_copies.name().into()));
         }
         if let Some(d) = &self.ssd {
             v.push((ENV_SSD, d.display().to_string()));
@@ -667,7 +666,7 @@ mod tests {
             eviction: Eviction::Fifo,
             handler_threads: 2,
             colocate: false,
-            clean_copies: false,
+            clean_copies: CleanCopies::All,
             ssd: Some("/var/tmp".into()),
             ssd_size: Some(2 << 30),
             ssd_encrypt: false,
@@ -718,7 +717,7 @@ mod tests {
             (ENV_HANDLER_THREADS, "0"),
             (ENV_HANDLER_THREADS, "99"),
             (ENV_COLOCATE, "yes"),
-            (ENV_CLEAN_COPIES, "no"),
+            (ENV_CLEAN_COPIES, "0"),
             (ENV_ON_ERROR, "ignore"),
             (ENV_RUN_PID, "0"),
             (ENV_RUN_PID, "me"),

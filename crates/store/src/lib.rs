@@ -258,6 +258,15 @@ impl StoreCore {
             .is_none_or(|limit| inner.pool.mem_used() < limit / 2)
     }
 
+    /// Whether page `index` is held where a copy of it costs no DRAM: on the SSD log, or as
+    /// a same-filled page (no object at all).
+    pub fn copy_costs_no_dram(&self, index: u64) -> bool {
+        self.inner
+            .slots
+            .get(index as usize)
+            .is_some_and(|s| matches!(s.peek().kind(), LOWER | SAME))
+    }
+
     pub fn set_mem_limit(&self, limit: Option<u64>) {
         self.inner.pool.set_mem_limit(limit);
     }

@@ -175,10 +175,10 @@ pub struct RegionArgs {
     /// (RegionConfig::colocate; on by default).
     #[arg(long)]
     pub no_colocate: bool,
-    /// zmem region: never keep the compressed copy of a page faulted back
-    /// (RegionConfig::clean_copies; on by default).
-    #[arg(long)]
-    pub no_clean_copies: bool,
+    /// zmem region: which pages faulted back keep their compressed copy: off, ssd (the
+    /// default: those read back from an SSD log, none here) or all (RegionConfig::clean_copies).
+    #[arg(long, default_value = "ssd", value_parser = ["off", "ssd", "all"])]
+    pub clean_copies: String,
     /// JSON output.
     #[arg(long, default_value = "bench-out/region.json")]
     pub json: PathBuf,

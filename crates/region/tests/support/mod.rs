@@ -61,6 +61,17 @@ pub fn check(page: &[u8], idx: usize, version: u64) {
     }
 }
 
+/// Fills `page` with random bytes (no codec shrinks them), seeded by (idx, version).
+pub fn fill_random(page: &mut [u8], idx: usize, version: u64) {
+    let mut x = (idx as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version | 1;
+    for chunk in page.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
 /// Page `idx` of the region as bytes.
 // The region is shared memory by design; each test gives every page one writer at a time.
 #[allow(clippy::mut_from_ref)]
