@@ -7,8 +7,9 @@
 //!
 //! Modules: `config` (settings and their one check), `error`, `stats`, `backing` (the store
 //! trait), `manager` (the shared state and the handler loop), with the roles `fault`, `evict`,
-//! `fork` and `events` next to it, `state` (page states), `budget` and `budget_loop` (the
-//! adaptive budget), `policy` (which pages leave first), `uffd` (the kernel interface).
+//! `fork` and `events` next to it, `copies` (clean copies of pages faulted back), `state`
+//! (page states), `budget` and `budget_loop` (the adaptive budget), `policy` (which pages leave
+//! first), `uffd` (the kernel interface).
 
 mod backing;
 pub mod budget;
