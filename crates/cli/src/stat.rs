@@ -3,8 +3,6 @@
 //! zramctl-like table or JSON, every process of this user (`--all`, dead sockets skipped), or
 //! Prometheus text ([`crate::metrics`]) for node_exporter's textfile collector.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
@@ -12,15 +10,7 @@ use anyhow::bail;
 use clap::Args;
 use zmem_runenv::ProcessStats;
 
-/// Reads one process's live statistics from its socket.
-pub fn query(dir: &Path, pid: u32) -> std::io::Result<ProcessStats> {
-    let path = zmem_runenv::socket_path(dir, pid);
-    let s = UnixStream::connect(&path)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-}
+pub use zmem_runenv::query_stats as query;
 
 pub use zmem_runenv::report::table;
 

@@ -438,6 +438,19 @@ fn zmem_config_runs_or_says_why_not() {
     assert_eq!(r["stop"]["kind"], "max-data", "{}", r["stop"]);
     assert!(r["data_held"].as_u64().unwrap() >= 80 * MIB);
     assert_eq!(r["cgroup_limit"], 128 * MIB);
+    // zmem's fault path under the GETs, from the server's stats socket, every step; at 80M
+    // (2.5x the resident heap) the GETs fault pages back.
+    let steps = r["steps"].as_array().unwrap();
+    assert!(steps.iter().all(|s| s["zmem_get"].is_object()), "{r}");
+    let last = &steps.last().unwrap()["zmem_get"];
+    assert!(last["major_faults"].as_u64().unwrap() > 0, "{last}");
+    assert!(last["breakdown"]["faults"].as_u64().unwrap() > 0, "{last}");
+    assert!(
+        last["breakdown"]["map_us"].as_f64().unwrap() > 0.0,
+        "{last}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("handler us/fault"), "{stdout}");
 }
 
 /// The SSD tier against a kernel swap file at the same DRAM (issue 13), small: 128M of values

@@ -563,6 +563,17 @@ pub fn socket_path(dir: &Path, pid: u32) -> PathBuf {
     dir.join(format!("{pid}.sock"))
 }
 
+/// Reads one live process's statistics from its stats socket in `dir` (what `zmem stat PID`
+/// prints; a benchmark samples a server with it).
+pub fn query_stats(dir: &Path, pid: u32) -> std::io::Result<ProcessStats> {
+    use std::io::{BufRead, BufReader};
+    let s = std::os::unix::net::UnixStream::connect(socket_path(dir, pid))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// The exit report of process `pid`.
 pub fn report_path(dir: &Path, pid: u32) -> PathBuf {
     dir.join(format!("{pid}.json"))

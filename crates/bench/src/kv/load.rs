@@ -19,7 +19,7 @@ use zmem_runenv::size::{format_mib, format_size};
 
 use super::client::{Conn, KvError, Protocol, Watch};
 use super::plan::Plan;
-use super::report::{Step, Stop};
+use super::report::{GetFaults, Step, Stop};
 use super::server::{Server, ServerSpec, StatPoller, ZramWatchdog};
 use super::values::{key, key_string, mix, Values};
 use super::{KvConfig, VALUE_MAX, VALUE_MIN};
@@ -85,6 +85,12 @@ pub(super) fn load_loop(
             break end(e, end_bytes, g)?;
         }
         pb.set_message(format!("{} {}: GET", spec.name, c.as_str()));
+        // zmem's own statistics around the GETs: the fault path's breakdown.
+        let zmem_stats = || {
+            let pid = server_pid.filter(|_| c.is_zmem())?;
+            zmem_runenv::query_stats(&zmem_runenv::socket_dir_from_env(), pid).ok()
+        };
+        let before_get = zmem_stats();
         let t1 = Instant::now();
         let seed = plan.seed ^ (n_step << 32) ^ ((c as u64) << 56);
         let r = get_phase(
@@ -100,13 +106,16 @@ pub(super) fn load_loop(
         if let Err(e) = r {
             break end(e, end_bytes, g)?;
         }
+        let zmem_get = before_get
+            .zip(zmem_stats())
+            .map(|(a, b)| GetFaults::between(&a.region, &b.region));
         let st = match proto.stats(&mut ctl) {
             Ok(s) => s,
             Err(e) => break end(e, end_bytes, g)?,
         };
         let n = end_key - keys;
         let b = end_bytes - bytes;
-        let step = measure(
+        let mut step = measure(
             proto,
             &st,
             server_pid,
@@ -122,6 +131,7 @@ pub(super) fn load_loop(
                 get_s,
             },
         );
+        step.zmem_get = zmem_get;
         pb.set_position(end_bytes.min(plan.max_data));
         if !crate::report::progress_enabled() {
             eprintln!(
@@ -206,6 +216,7 @@ pub(super) fn measure(
         cgroup_failcnt: read_u64(&cg.join("memory.failcnt")),
         zram,
         server_stats,
+        zmem_get: None,
     }
 }
 

@@ -13,7 +13,9 @@ use super::{
     TARGET_GET_VS_ZRAM,
 };
 use crate::kernel::zram::MmStat;
+use crate::region::side::FaultBreakdown;
 use crate::report::{legend, text_table};
+use zmem_region::RegionStats;
 use zmem_runenv::size::{format_mib, format_size};
 
 /// Measurements after one step.
@@ -41,6 +43,78 @@ pub struct Step {
     pub zram: Option<MmStat>,
     /// The server's own statistics (used_memory, bytes, curr_items...).
     pub server_stats: BTreeMap<String, u64>,
+    /// zmem configurations: zmem's fault path during the step's GET phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zmem_get: Option<GetFaults>,
+}
+
+/// zmem's fault path during one step's GET phase: the server's statistics read from its stats
+/// socket (what `zmem stat PID` prints) before and after the phase (issue 11 item 5).
+#[derive(Clone, Debug, Serialize)]
+pub struct GetFaults {
+    pub major_faults: u64,
+    pub evictions: u64,
+    /// Evictions of pages unchanged since their fault (their clean copy reused).
+    pub clean_evictions: u64,
+    /// Per handled fault, and eviction per page (see `bench region`).
+    pub breakdown: Option<FaultBreakdown>,
+}
+
+impl GetFaults {
+    pub fn between(a: &RegionStats, b: &RegionStats) -> GetFaults {
+        GetFaults {
+            major_faults: b.major_faults.saturating_sub(a.major_faults),
+            evictions: b.evictions.saturating_sub(a.evictions),
+            clean_evictions: b.clean_evictions.saturating_sub(a.clean_evictions),
+            breakdown: FaultBreakdown::new(&a.handler_time, &b.handler_time, None),
+        }
+    }
+}
+
+/// Per zmem configuration and step, the fault path under the GETs: faults, and the handler's
+/// µs per fault (decompress, map, evicting between faults), eviction's µs per page (move,
+/// compress+store); empty when no step recorded one.
+pub fn fault_table(results: &[ConfigResult]) -> String {
+    let header: Vec<String> = [
+        "GET phase",
+        "major faults",
+        "handler us/fault",
+        "decompress",
+        "map",
+        "evict between",
+        "move us/page",
+        "store us/page",
+        "evictions",
+        "clean",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let us = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .flat_map(|r| r.steps.iter().map(move |s| (r.config, s)))
+        .filter_map(|(c, s)| {
+            let g = s.zmem_get.as_ref()?;
+            let b = g.breakdown.as_ref();
+            Some(vec![
+                format!("{} {}", c.as_str(), format_mib(s.data_bytes)),
+                g.major_faults.to_string(),
+                us(b.map(|b| b.handler_us)),
+                us(b.map(|b| b.decompress_us)),
+                us(b.map(|b| b.map_us)),
+                us(b.map(|b| b.idle_evict_us)),
+                us(b.and_then(|b| b.evict_move_us_per_page)),
+                us(b.and_then(|b| b.evict_store_us_per_page)),
+                g.evictions.to_string(),
+                g.clean_evictions.to_string(),
+            ])
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    text_table(&header, &rows)
 }
 
 /// How a configuration ended.
@@ -553,6 +627,7 @@ mod tests {
                     cgroup_failcnt: None,
                     zram: None,
                     server_stats: BTreeMap::new(),
+                    zmem_get: None,
                 })
                 .collect(),
             data_held: held,

@@ -19,7 +19,8 @@ use zmem_runenv::size::{format_mib, format_size, format_size_approx};
 use super::load::{load_loop, Guards, HardError};
 use super::plan::Plan;
 use super::report::{
-    plot, ratio_lines, ratios, step_table, stop_str, summary_table, ConfigResult, Skipped,
+    fault_table, plot, ratio_lines, ratios, step_table, stop_str, summary_table, ConfigResult,
+    Skipped,
 };
 use super::server::{free_port, Server, ServerSpec, StatPoller};
 use super::setup::{check_machine, precheck};
@@ -139,6 +140,11 @@ pub fn run(args: &KvArgs, spec: &ServerSpec) -> anyhow::Result<()> {
         println!();
         println!("{}", step_table(&results));
         println!();
+        let faults = fault_table(&results);
+        if !faults.is_empty() {
+            println!("{faults}");
+            println!();
+        }
         println!("{}", ratio_lines(&plan, &ratios, &results));
     }
     let crashed: Vec<String> = results
