@@ -87,6 +87,7 @@ impl Shared {
         }
         let s = &self.root;
         let _g = self.evict_lock.lock();
+        self.retry_put_backs();
         let n = {
             let inner = s.inner.lock();
             // With blocks of evicted pages, evict at least a block's worth (a few pages below
@@ -354,6 +355,7 @@ impl Shared {
         let mut incompressible = 0;
         let mut clean = 0;
         let mut refused = false;
+        let mut withheld = [false; STAGING_SLOTS];
         {
             let mut inner = s.inner.lock();
             for (slot, &v) in victims.iter().enumerate() {
@@ -375,26 +377,13 @@ impl Shared {
                 } else if inner.state.get(i) == Staged {
                     // Not stored (the store is full, or the page does not compress): put the
                     // page back where it was.
-                    let r = s.uffd.copy(
-                        s.page_addr(i),
-                        self.slots.addr(slots[slot]) as *const u8,
-                        PAGE,
-                    );
-                    inner.staged.remove(&v);
-                    if r.is_ok() {
-                        inner.state.set(i, Resident);
-                        if kept[slot] == Kept::Incompressible {
-                            inner.keep_incompressible(v);
-                            incompressible += 1;
-                        } else {
-                            inner.resident += 1;
-                            if let Some(t) = inner.tracker.as_mut() {
-                                t.insert_quiet(v);
-                            }
-                        }
-                    } else {
-                        tracing::error!("page {i} could neither be stored nor put back");
-                        inner.state.set(i, Poisoned);
+                    let incompr = kept[slot] == Kept::Incompressible;
+                    match self.put_back(&mut inner, v, slots[slot], incompr) {
+                        PutBack::Done if incompr => incompressible += 1,
+                        // An event is pending: the page waits in its slot (a fault takes it from
+                        // there) and is put back after the event (`retry_put_backs`).
+                        PutBack::Again => withheld[slot] = true,
+                        _ => {}
                     }
                 } else if kept[slot] == Kept::Stored {
                     // Faulted back from staging, or dropped by the program, meanwhile. (A clean
@@ -417,6 +406,13 @@ impl Shared {
         self.counters.staged_now.store(0, Relaxed);
         // A moved page stays in its slot until slots run out (see slots.rs).
         for (k, &slot) in slots.iter().enumerate() {
+            if withheld[k] {
+                // Still holds a page to put back.
+                let incompr = kept[k] == Kept::Incompressible;
+                self.put_backs.lock().push((victims[k], slot, incompr));
+                self.counters.put_backs_deferred.fetch_add(1, Relaxed);
+                continue;
+            }
             if outcome[k] || stale[k] {
                 self.slots.put_used(slot);
             } else {
@@ -437,6 +433,72 @@ impl Shared {
         }
         // Pages kept back count as evicted for the caller: they left the budget.
         evicted + incompressible as usize
+    }
+
+    /// Maps a Staged page that was not stored back at its address from staging `slot`, and
+    /// counts it resident again (inside the budget, or outside it when `incompressible`).
+    /// EAGAIN (an event is pending: fork, remove, unmap) leaves it Staged, for the caller to try
+    /// again later; a page whose memory is gone (ENOENT) becomes Absent (its event follows).
+    fn put_back(
+        &self,
+        inner: &mut crate::manager::SpaceInner,
+        v: u32,
+        slot: crate::slots::Slot,
+        incompressible: bool,
+    ) -> PutBack {
+        let s = &self.root;
+        let i = v as usize;
+        match s
+            .uffd
+            .copy(s.page_addr(i), self.slots.addr(slot) as *const u8, PAGE)
+        {
+            Ok(()) => {
+                inner.staged.remove(&v);
+                inner.state.set(i, Resident);
+                if incompressible {
+                    inner.keep_incompressible(v);
+                } else {
+                    inner.resident += 1;
+                    if let Some(t) = inner.tracker.as_mut() {
+                        t.insert_quiet(v);
+                    }
+                }
+                PutBack::Done
+            }
+            Err(e) if e.code() == libc::EAGAIN => PutBack::Again,
+            Err(e) if e.code() == libc::ENOENT || e.code() == libc::ESRCH => {
+                inner.staged.remove(&v);
+                inner.state.set(i, Absent);
+                PutBack::Gone
+            }
+            Err(e) => {
+                tracing::error!("page {i} could neither be stored nor put back: {e}");
+                inner.staged.remove(&v);
+                inner.state.set(i, Poisoned);
+                PutBack::Gone
+            }
+        }
+    }
+
+    /// Puts back the pages an earlier batch could not (EAGAIN: an event was pending), and
+    /// hands their slots back. A page that left Staged meanwhile (a fault took it from its slot,
+    /// or the program dropped it) needs nothing more. Called under `evict_lock`.
+    pub(crate) fn retry_put_backs(&self) {
+        let mut pending = self.put_backs.lock();
+        if pending.is_empty() {
+            return;
+        }
+        let s = &self.root;
+        let mut inner = s.inner.lock();
+        pending.retain(|&(v, slot, incompressible)| {
+            let still = inner.state.get(v as usize) == Staged
+                && inner.staged.get(&v) == Some(&self.slots.addr(slot));
+            if still && self.put_back(&mut inner, v, slot, incompressible) == PutBack::Again {
+                return true;
+            }
+            self.slots.put_used(slot);
+            false
+        });
     }
 
     /// Discards up to `max` clean copies, oldest first, for room in the store; how many. Only
@@ -624,6 +686,10 @@ impl Shared {
                 }
                 *g = false;
             }
+            if !self.put_backs.lock().is_empty() {
+                let _g = self.evict_lock.lock();
+                self.retry_put_backs();
+            }
             if last_retry.elapsed() >= INCOMPRESSIBLE_RETRY {
                 last_retry = Instant::now();
                 let mut inner = self.root.inner.lock();
@@ -644,6 +710,16 @@ impl Shared {
 /// per 10 s, i.e. one compression attempt per 40 ms: nothing beside the faults.
 const INCOMPRESSIBLE_RETRY: Duration = Duration::from_secs(10);
 const INCOMPRESSIBLE_RETRY_PAGES: usize = 256;
+
+/// What became of a page put back (see `Shared::put_back`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PutBack {
+    Done,
+    /// An event is pending: try again after it.
+    Again,
+    /// Its memory is gone (Absent) or it could not be mapped (Poisoned).
+    Gone,
+}
 
 /// What became of an evicted page offered to the store.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -198,6 +198,7 @@ impl Region {
             fault_around: cfg.fault_around,
             evict_group,
             clean_copies: cfg.clean_copies,
+            put_backs: Mutex::new(Vec::new()),
             run_pages: AtomicUsize::new(0),
             evict_lock: Mutex::new(()),
             evictor_wake: Condvar::new(),
@@ -344,6 +345,7 @@ impl Region {
             clean_evictions: c.clean_evictions.load(Relaxed),
             copies_changed: c.copies_changed.load(Relaxed),
             copies_given_up: c.copies_given_up.load(Relaxed),
+            put_backs_deferred: c.put_backs_deferred.load(Relaxed),
             colocations: sh.colocation.pins(),
             fault_latency,
             handler_time: HandlerTime {

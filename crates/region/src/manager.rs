@@ -312,6 +312,8 @@ pub(crate) struct Counters {
     pub clean_evictions: AtomicU64,
     pub copies_changed: AtomicU64,
     pub copies_given_up: AtomicU64,
+    /// Pages not stored whose put-back had to wait for a pending event (EAGAIN).
+    pub put_backs_deferred: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -326,6 +328,9 @@ pub(crate) struct Shared {
     pub evict_group: usize,
     /// `RegionConfig::clean_copies`.
     pub clean_copies: crate::CleanCopies,
+    /// Pages an eviction batch could not put back (EAGAIN), with their staging slot and whether
+    /// they go back as incompressible: retried by the next batch (`Shared::retry_put_backs`).
+    pub put_backs: Mutex<Vec<(u32, crate::slots::Slot, bool)>>,
     /// Pages per `UFFDIO_MOVE` in the last eviction batch (see `Shared::evict_while_idle`).
     pub run_pages: AtomicUsize,
     pub evict_lock: Mutex<()>,

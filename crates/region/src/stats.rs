@@ -106,6 +106,10 @@ pub struct RegionStats {
     pub copies_changed: u64,
     #[serde(default)]
     pub copies_given_up: u64,
+    /// Pages the store did not take whose way back had to wait for a pending event of the
+    /// program (fork, remove, unmap): they waited in their staging slot.
+    #[serde(default)]
+    pub put_backs_deferred: u64,
     /// Times a thread taking every fault was pinned to one CPU with the region's threads
     /// (`RegionConfig::colocate`).
     #[serde(default)]
