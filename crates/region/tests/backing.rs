@@ -12,8 +12,9 @@ use zmem_store::{StoreError, StoreStats};
 mod support;
 use support::*;
 
-/// Pages kept as they are, by index.
-#[derive(Default)]
+/// Pages kept as they are, by index. Its fields are shared handles: a test keeps a clone to
+/// look inside or flip its switches while the region uses the store.
+#[derive(Clone, Default)]
 struct MapStore {
     pages: Arc<Mutex<HashMap<u64, Box<[u8]>>>>,
     writes: Arc<AtomicU64>,
@@ -68,18 +69,21 @@ impl BackingStore for MapStore {
     }
 }
 
+/// A region of `cfg` over `store` (every store the region asks for is `store`: no test here
+/// forks), or None where userfaultfd cannot be opened.
+fn region_over(store: &MapStore, cfg: RegionConfig) -> Option<Region> {
+    let store = store.clone();
+    let factory: StoreFactory =
+        Arc::new(move || Ok(Box::new(store.clone()) as Box<dyn BackingStore>));
+    skip_without_uffd(Region::with_store(cfg, factory))
+}
+
 #[test]
 fn a_region_round_trips_through_a_test_store() {
-    let writes = Arc::new(AtomicU64::new(0));
-    let w = writes.clone();
-    let factory: StoreFactory = Arc::new(move || {
-        Ok(Box::new(MapStore {
-            writes: w.clone(),
-            ..Default::default()
-        }) as Box<dyn BackingStore>)
-    });
+    let store = MapStore::default();
+    let writes = store.writes.clone();
     let cfg = RegionConfig::new(8 * MIB, Budget::Fixed(MIB));
-    let Some(r) = skip_without_uffd(Region::with_store(cfg, factory)) else {
+    let Some(r) = region_over(&store, cfg) else {
         return;
     };
     fill_and_check_all(&r, 1);
@@ -96,20 +100,11 @@ fn a_region_round_trips_through_a_test_store() {
 /// leaked: the store holds exactly the evicted pages plus one copy per page that has one.
 #[test]
 fn clean_copies_follow_the_store_s_room_and_never_leak() {
-    let pages_map: Arc<Mutex<HashMap<u64, Box<[u8]>>>> = Default::default();
-    let room = Arc::new(AtomicBool::new(true));
-    let full = Arc::new(AtomicBool::new(false));
-    let (m, rm, fl) = (pages_map.clone(), room.clone(), full.clone());
-    let factory: StoreFactory = Arc::new(move || {
-        Ok(Box::new(MapStore {
-            pages: m.clone(),
-            room: rm.clone(),
-            full: fl.clone(),
-            ..Default::default()
-        }) as Box<dyn BackingStore>)
-    });
+    let store = MapStore::default();
+    let (pages_map, room, full) = (store.pages.clone(), store.room.clone(), store.full.clone());
+    room.store(true, Relaxed);
     let cfg = RegionConfig::new(8 * MIB, Budget::Fixed(MIB));
-    let Some(r) = skip_without_uffd(Region::with_store(cfg, factory)) else {
+    let Some(r) = region_over(&store, cfg) else {
         return;
     };
     let pages = r.len() / PAGE;
@@ -171,18 +166,12 @@ fn clean_copies_follow_the_store_s_room_and_never_leak() {
 /// was: node under `zmem run --resident 16M` lost pages that way). Every page is checked.
 #[test]
 fn pages_put_back_while_events_are_pending_are_never_lost() {
-    let incompressible = Arc::new(AtomicBool::new(false));
-    let inc = incompressible.clone();
-    let factory: StoreFactory = Arc::new(move || {
-        Ok(Box::new(MapStore {
-            incompressible: inc.clone(),
-            ..Default::default()
-        }) as Box<dyn BackingStore>)
-    });
+    let store = MapStore::default();
+    let incompressible = store.incompressible.clone();
     let mut cfg = RegionConfig::new(64 * MIB, Budget::Fixed(MIB));
     // The dropper must run beside the handler, not pinned to its CPU with the other threads.
     cfg.colocate = false;
-    let Some(r) = skip_without_uffd(Region::with_store(cfg, factory)) else {
+    let Some(r) = region_over(&store, cfg) else {
         return;
     };
     let r = Arc::new(r);
