@@ -204,7 +204,8 @@ impl Log {
 
     /// The best victims: sealed, below the threshold, most garbage first, as many as fit the
     /// free segments the collector may fill; none unless they free more segments than their
-    /// live objects fill (moving one half-full segment into another gains nothing).
+    /// live objects fill (moving one half-full segment into another gains nothing), or, when
+    /// a writer waits, leave a last new segment at most half full for the next round.
     fn pick_victims(&self, max: usize, first_new: u64, mode: Mode) -> Vec<u32> {
         let thr = self.threshold_space();
         let size = self.seg_size as f64;
@@ -259,7 +260,16 @@ impl Log {
             .sum();
         let slack = 2 * need / (objects as usize).max(1);
         let usable = self.seg_size - header_len(0) - slack.min(self.seg_size / 4);
-        if need.div_ceil(usable) >= out.len() || (mode == Mode::Ahead && need < usable) {
+        let dests = need.div_ceil(usable);
+        // When a writer waits and the least-live victims are more than (R - 1) / R live (R
+        // new segments allowed), no group gains a segment at once; one whose last new segment
+        // is at most half full is taken all the same: that segment is the cheapest victim of
+        // the next round, which then gains. Ahead of need, such a group waits.
+        let feeds_next = mode == Mode::Now
+            && out.len() > 1
+            && dests == out.len()
+            && need - (dests - 1) * usable <= usable / 2;
+        if (dests >= out.len() && !feeds_next) || (mode == Mode::Ahead && need < usable) {
             return Vec::new();
         }
         out

@@ -135,6 +135,9 @@ const KEEP_BUFFERS: usize = 4;
 const WRITE_BATCH: usize = 8;
 /// Segments a write that finds only the reserve left asks the collector to reclaim.
 const COLLECT_ON_WRITE: usize = 4;
+/// Collections a write runs, at most, before it gives up with `Full` (a round may gain no
+/// segment yet and leave a cheap victim for the next, see `gc::pick_victims`).
+const WRITER_ROUNDS: usize = 4;
 
 /// The SSD log. Shared through `Arc`; every method takes `&self`.
 pub struct Log {
@@ -650,12 +653,17 @@ impl Log {
         self.generation.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A free segment beyond the reserve, running a collection if only the reserve is left.
+    /// A free segment beyond the reserve, running collections if only the reserve is left
+    /// (until one is free, a collection reclaims nothing, or `WRITER_ROUNDS`).
     fn take_for_write(&self) -> Option<u32> {
-        if let Some(s) = self.take_free(false) {
-            return Some(s);
+        for _ in 0..WRITER_ROUNDS {
+            if let Some(s) = self.take_free(false) {
+                return Some(s);
+            }
+            if self.collect_by(COLLECT_ON_WRITE, crate::gc::Mode::Now) == 0 {
+                break;
+            }
         }
-        self.collect_by(COLLECT_ON_WRITE, crate::gc::Mode::Now);
         self.take_free(false)
     }
 
