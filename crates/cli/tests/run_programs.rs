@@ -219,9 +219,17 @@ impl Proc {
         match self.wait_for(timeout) {
             Some(s) => s,
             None => {
+                // Where every thread waits, before anything is stopped: a hang seen once in
+                // CI must say where it was.
+                self.note_descendants();
+                let mut threads = hang_report(self.pid());
+                for d in &self.seen {
+                    threads.push_str(&hang_report(d.pid));
+                }
                 self.stop();
                 panic!(
-                    "{} did not finish within {timeout:?} (stopped)\nstdout: {}\nstderr: {}",
+                    "{} did not finish within {timeout:?} (stopped)\nstdout: {}\nstderr: {}\n\
+                     threads:\n{threads}",
                     self.name,
                     tail(&self.stdout_text()),
                     tail(&self.stderr_text())
@@ -267,6 +275,36 @@ impl Proc {
             d.signal(libc::SIGKILL);
         }
     }
+}
+
+/// Each thread of `pid`: name, state, wait channel, the system call it is in, and its kernel
+/// stack (readable as root) — where a hung program waits.
+fn hang_report(pid: i32) -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let dir = t.path().display().to_string();
+        let stat = read(&format!("{dir}/stat"));
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat.get(i + 2..i + 3))
+            .unwrap_or("?")
+            .to_string();
+        out.push_str(&format!(
+            "{pid}/{} {} state {state} wchan {} syscall {}\n",
+            t.file_name().to_string_lossy(),
+            read(&format!("{dir}/comm")).trim(),
+            read(&format!("{dir}/wchan")).trim(),
+            read(&format!("{dir}/syscall")).trim(),
+        ));
+        for line in read(&format!("{dir}/stack")).lines().take(12) {
+            out.push_str(&format!("    {line}\n"));
+        }
+    }
+    out
 }
 
 fn is_zombie(pid: i32) -> bool {
