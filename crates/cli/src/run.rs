@@ -85,6 +85,11 @@ pub struct RunArgs {
     /// gives the thread its own affinity back when another thread faults or the faults stop.
     #[arg(long)]
     pub no_colocate: bool,
+    /// Let the thread that serves faults compress the pages it evicts itself. By default it
+    /// only moves them out between faults and zmem's evictor thread compresses them on another
+    /// CPU, so the program does not wait for the compressor.
+    #[arg(long)]
+    pub no_async_settle: bool,
     /// Which pages faulted back keep their compressed copy, so that evicted again unchanged
     /// they are not compressed (or written to the SSD log) again: ssd (copies that cost no
     /// DRAM: pages read back from the SSD log), all (any page, while the store is under half
@@ -226,6 +231,7 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
         },
         handler_threads: a.handler_threads as usize,
         colocate: !a.no_colocate,
+        async_settle: !a.no_async_settle,
         clean_copies: match a.clean_copies {
             CleanCopiesArg::Off => CleanCopies::Off,
             CleanCopiesArg::Ssd => CleanCopies::Ssd,

@@ -142,6 +142,7 @@ fn init() -> Result<(), InitError> {
     rc.eviction = config.eviction;
     rc.handler_threads = config.handler_threads;
     rc.colocate = config.colocate;
+    rc.async_settle = config.async_settle;
     rc.clean_copies = config.clean_copies;
     rc.store_limit = config.effective_store_limit();
     zmem_os::thread::set_start_hook(heap::mark_internal);

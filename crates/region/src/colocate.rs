@@ -80,6 +80,17 @@ impl CpuSet {
         self.has(cpu) && unsafe { libc::CPU_COUNT(&self.0) } == 1
     }
 
+    /// This mask without `cpu`; None if nothing would be left.
+    fn without(&self, cpu: usize) -> Option<CpuSet> {
+        let mut m = *self;
+        if cpu < libc::CPU_SETSIZE as usize {
+            // SAFETY: `cpu` is within the set.
+            unsafe { libc::CPU_CLR(cpu, &mut m.0) };
+        }
+        // SAFETY: a set we hold.
+        (unsafe { libc::CPU_COUNT(&m.0) } > 0).then_some(m)
+    }
+
     /// Applies the mask to `tid` (0: the calling thread). A thread that has exited is no error.
     fn apply(&self, tid: libc::pid_t) -> bool {
         // SAFETY: a valid set of its size.
@@ -102,6 +113,9 @@ struct Pinned {
 struct State {
     /// The region's handler and evictor, and their mask before any pin.
     ours: Vec<(libc::pid_t, CpuSet)>,
+    /// The region's threads kept off the pinned CPU while a pin lasts (the evictor when it
+    /// compresses what the handler moved out), and their mask before.
+    off: Vec<(libc::pid_t, CpuSet)>,
     candidate: libc::pid_t,
     streak: u32,
     /// The current window of faults from any thread (storm detection, and a group's rate).
@@ -173,6 +187,7 @@ impl Colocation {
             enabled,
             state: Mutex::new(State {
                 ours: Vec::with_capacity(4),
+                off: Vec::new(),
                 candidate: 0,
                 streak: 0,
                 window_start: Instant::now(),
@@ -205,6 +220,18 @@ impl Colocation {
         let tid = gettid();
         if let Some(mask) = CpuSet::of(0) {
             self.state.lock().ours.push((tid, mask));
+        }
+    }
+
+    /// Called first on a region thread that must keep off the pinned CPU while a pin lasts
+    /// (the evictor settling the handlers' batches: its compression would take the program's
+    /// CPU time).
+    pub fn register_off(&self) {
+        if !self.enabled {
+            return;
+        }
+        if let Some(mask) = CpuSet::of(0) {
+            self.state.lock().off.push((gettid(), mask));
         }
     }
 
@@ -297,6 +324,11 @@ impl Colocation {
         for &(t, _) in &st.ours {
             only.apply(t);
         }
+        for &(t, own) in &st.off {
+            if let Some(rest) = own.without(cpu) {
+                rest.apply(t);
+            }
+        }
         {
             let mut all = PINNED_BY_ANY.lock();
             all.extend(members.iter().map(|&(t, _)| t));
@@ -351,6 +383,9 @@ impl Colocation {
             return;
         };
         let mut all = PINNED_BY_ANY.lock();
+        for &(t, mask) in &st.off {
+            mask.apply(t);
+        }
         for &(t, mask) in st.ours.iter().chain(&p.members) {
             mask.apply(t);
             if let Some(i) = all.iter().position(|&x| x == t) {

@@ -89,6 +89,11 @@ pub struct RegionConfig {
     /// one CPU; the thread's own affinity comes back when another thread faults, the faults
     /// stop (0.5 s), or the region is dropped.
     pub colocate: bool,
+    /// Handlers only move pages out between faults and leave their compression to the
+    /// evictor thread, which colocation keeps off the program's CPU: the program's CPU does
+    /// not wait for the compressor (see `Shared::evict_async`). A fault that finds the budget
+    /// exhausted still evicts and compresses itself.
+    pub async_settle: bool,
     /// Which pages faulted back keep their compressed copy (see [`CleanCopies`]).
     pub clean_copies: CleanCopies,
     /// Bytes of DRAM the compressed pages may use (zram's mem_limit); None = unlimited. When
@@ -174,6 +179,7 @@ impl RegionConfig {
             handler_threads: 1,
             handler_spin_us: 50,
             colocate: true,
+            async_settle: true,
             clean_copies: CleanCopies::Ssd,
             store_limit: None,
             evict_group: None,

@@ -93,14 +93,24 @@ impl CleanCopies {
     /// Takes up to `max` copies away, oldest first, into `out` (the caller discards them). A
     /// page kept again may leave from its older place in the order: oldest first is a rule of
     /// thumb here, not a promise.
-    pub fn take_oldest(&mut self, max: usize, out: &mut Vec<u32>) {
-        while out.len() < max {
+    pub fn take_oldest(&mut self, max: usize, out: &mut Vec<u32>, spare: impl Fn(u32) -> bool) {
+        // Copies `spare` keeps go back to the front, in order; a bounded look, so a table of
+        // spared copies does not make each call walk all of them.
+        let mut spared = Vec::new();
+        let mut looked = 0;
+        while out.len() < max && looked < 4 * max + 64 {
             let Some(p) = self.order.pop_front() else {
                 break;
             };
-            if self.take(p) {
+            looked += 1;
+            if self.hash_of(p).is_some() && spare(p) {
+                spared.push(p);
+            } else if self.take(p) {
                 out.push(p);
             }
+        }
+        for p in spared.into_iter().rev() {
+            self.order.push_front(p);
         }
     }
 }
@@ -123,14 +133,41 @@ mod tests {
         assert_eq!(c.hash_of(7), None);
         c.keep(7, 78); // kept again: listed twice now
         let mut out = Vec::new();
-        c.take_oldest(2, &mut out);
+        c.take_oldest(2, &mut out, |_| false);
         assert_eq!(out, vec![3, 7], "7 leaves from its older place");
         assert_eq!(c.count(), 1);
         out.clear();
-        c.take_oldest(10, &mut out);
+        c.take_oldest(10, &mut out, |_| false);
         assert_eq!(out, vec![9], "7's second entry is stale");
         assert_eq!(c.count(), 0);
         assert!(c.order.is_empty());
+    }
+
+    #[test]
+    fn spared_copies_stay_and_keep_their_place() {
+        let mut c = CleanCopies::new(10);
+        for p in 0..5 {
+            c.keep(p, u128::from(p) + 1);
+        }
+        let mut out = Vec::new();
+        // Pages 0 and 2 are being evicted (their batch may still use the copy).
+        c.take_oldest(2, &mut out, |p| p == 0 || p == 2);
+        assert_eq!(out, vec![1, 3]);
+        assert_eq!(c.hash_of(0), Some(1));
+        assert_eq!(c.hash_of(2), Some(3));
+        // Spared, they are still the oldest once no longer spared.
+        out.clear();
+        c.take_oldest(10, &mut out, |_| false);
+        assert_eq!(out, vec![0, 2, 4]);
+        assert_eq!(c.count(), 0);
+        // Everything spared: the call looks a bounded way and takes nothing.
+        for p in 0..10 {
+            c.keep(p, 9);
+        }
+        out.clear();
+        c.take_oldest(3, &mut out, |_| true);
+        assert!(out.is_empty());
+        assert_eq!(c.count(), 10);
     }
 
     #[test]
@@ -145,7 +182,7 @@ mod tests {
         assert!(c.order.len() <= 2 * 10 + 1025, "{}", c.order.len());
         // The newest place of each page survives a compaction: the last ten kept, in order.
         let mut out = Vec::new();
-        c.take_oldest(10, &mut out);
+        c.take_oldest(10, &mut out, |_| false);
         assert_eq!(out.len(), 10);
         assert_eq!(c.count(), 0);
     }

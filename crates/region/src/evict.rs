@@ -4,7 +4,7 @@
 //! budget and evicts when the handlers are quiet; handlers evict between faults, and a fault
 //! that finds the budget exhausted evicts itself (`make_room`).
 
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,8 @@ use zmem_store::MAX_BLOCK_PAGES;
 
 use crate::budget_loop::{BudgetLoop, Signals};
 use crate::config::PAGE;
-use crate::manager::{Shared, STAGING_SLOTS};
+use crate::manager::{Shared, SpaceInner, STAGING_SLOTS};
+use crate::slots::Slot;
 use crate::state::PageState::*;
 
 /// After the store refuses a page (its memory limit), eviction pauses this long: moving pages
@@ -61,7 +62,7 @@ impl Shared {
             } else {
                 (resident - low).min(4)
             };
-            if self.evict(want) == 0 {
+            if self.evict_async(want) == 0 {
                 return;
             }
             self.repack();
@@ -80,10 +81,71 @@ impl Shared {
 
     /// Evicts up to `want` pages (one staging batch at most); returns how many left.
     pub fn evict(&self, want: usize) -> usize {
+        match self.stage(want) {
+            Some(batch) => self.settle(batch),
+            None => 0,
+        }
+    }
+
+    /// Evicts up to `want` pages, their compression left to the evictor thread when the region
+    /// settles asynchronously (`RegionConfig::async_settle`) and fewer than
+    /// [`QUEUED_BATCHES`] batches wait: the caller (a handler between faults, sharing its CPU
+    /// with the program) only moves the pages out. Returns how many left the budget.
+    pub(crate) fn evict_async(&self, want: usize) -> usize {
+        if !self.async_settle {
+            return self.evict(want);
+        }
+        // Moves only while the evictor sleeps: a thread of the process running on another CPU
+        // makes every move's TLB flush an IPI there. So batches of a few pages (the handler
+        // checks for faults between them) are queued without waking it, until ASYNC_BATCH
+        // pages wait or the handler stops evicting.
+        if self.settling.load(Acquire) {
+            return 0;
+        }
+        let Some(batch) = self.stage(want.max(ASYNC_STEP)) else {
+            self.start_settling();
+            return 0;
+        };
+        let n = batch.moved();
+        let waiting: usize = {
+            let mut q = self.queued.lock();
+            q.push_back(batch);
+            q.iter().map(Batch::moved).sum()
+        };
+        if waiting >= ASYNC_BATCH || self.root.inner.lock().resident <= self.low_water() {
+            self.start_settling();
+        }
+        n
+    }
+
+    /// Wakes the evictor to settle the queued batches, if any.
+    fn start_settling(&self) {
+        if !self.queued.lock().is_empty() {
+            self.settling.store(true, Release);
+            self.kick_evictor();
+        }
+    }
+
+    /// Settles the batches the handlers queued (the evictor's side of `evict_async`); how
+    /// many pages left the budget.
+    pub(crate) fn settle_queued(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let Some(b) = self.queued.lock().pop_front() else {
+                self.settling.store(false, Release);
+                return n;
+            };
+            n += self.settle(b);
+        }
+    }
+
+    /// Picks up to `want` victims and moves them into staging slots (the policy's choice,
+    /// with their unprotected neighbours); the batch is then `settle`d. None if nothing moved.
+    fn stage(&self, want: usize) -> Option<Batch> {
         if self.store_full.load(Relaxed)
             && now_ms().saturating_sub(self.store_full_ms.load(Relaxed)) < FULL_BACKOFF_MS
         {
-            return 0;
+            return None;
         }
         let s = &self.root;
         let _g = self.evict_lock.lock();
@@ -94,7 +156,7 @@ impl Shared {
             // the budget), so that blocks are full even when callers want one page at a time.
             let n = want.min(STAGING_SLOTS).min(inner.resident);
             if n == 0 {
-                return 0;
+                return None;
             }
             let group = self.evict_group.min(inner.resident / 4);
             n.max(group).min(STAGING_SLOTS)
@@ -120,6 +182,39 @@ impl Shared {
                     t.pick(more, &mut victims);
                 }
             }
+            // A page of a batch not settled yet (faulted back from its slot, or whose move
+            // failed) waits for that batch: its store entry is that batch's to write or
+            // discard. Set aside, others picked instead, then given back to the policy.
+            if !inner.unsettled.is_empty() {
+                let SpaceInner {
+                    unsettled, tracker, ..
+                } = &mut *inner;
+                let mut waiting = Vec::new();
+                victims.retain(|v| {
+                    let wait = unsettled.contains(v);
+                    if wait {
+                        waiting.push(*v);
+                    }
+                    !wait
+                });
+                if let Some(t) = tracker.as_mut() {
+                    if !waiting.is_empty() {
+                        let at = victims.len();
+                        t.pick(n - at, &mut victims);
+                        let mut k = at;
+                        while k < victims.len() {
+                            if unsettled.contains(&victims[k]) {
+                                waiting.push(victims.swap_remove(k));
+                            } else {
+                                k += 1;
+                            }
+                        }
+                    }
+                    for &v in &waiting {
+                        t.insert_quiet(v);
+                    }
+                }
+            }
             // Each victim takes its resident neighbours that nothing protects (never refaulted:
             // the policy would give them up next anyway), so that runs of adjacent pages move
             // in one call: one TLB flush per run instead of one per page (`Uffd::move_run`).
@@ -142,6 +237,22 @@ impl Shared {
                     }
                 }
             }
+            // Neighbours too.
+            if !inner.unsettled.is_empty() {
+                let SpaceInner {
+                    unsettled, tracker, ..
+                } = &mut *inner;
+                victims.retain(|v| {
+                    let wait = unsettled.contains(v);
+                    if wait {
+                        if let Some(t) = tracker.as_mut() {
+                            t.insert_quiet(*v);
+                        }
+                    }
+                    !wait
+                });
+            }
+            inner.unsettled.extend_from_slice(&victims);
             for &slot in &slots[victims.len()..] {
                 self.slots.put_empty(slot);
             }
@@ -163,7 +274,7 @@ impl Shared {
             inner.resident -= victims.len();
         }
         if victims.is_empty() {
-            return 0;
+            return None;
         }
         self.counters.staged_now.store(victims.len(), Relaxed);
         // Move each victim out. A page still shared with a forked child (EBUSY) is unshared by
@@ -292,6 +403,29 @@ impl Shared {
         if let Some(run) = moved.checked_div(calls) {
             self.run_pages.store(run, Relaxed);
         }
+        Some(Batch {
+            victims,
+            slots,
+            outcome,
+            stale,
+            copy_hash,
+        })
+    }
+
+    /// Compresses a staged batch's pages into the store (or finds them unchanged since their
+    /// clean copy), then settles their states: Stored, or put back when the store refused
+    /// them; hands the slots back. Returns how many left the budget. Batches are settled one at
+    /// a time (`settle_lock`), on the thread that staged them or on the evictor.
+    fn settle(&self, batch: Batch) -> usize {
+        let Batch {
+            victims,
+            slots,
+            outcome,
+            stale,
+            copy_hash,
+        } = batch;
+        let s = &self.root;
+        let _settling = self.settle_lock.lock();
         let t_store = Instant::now();
         // Compress the moved pages into the store, then settle their states. Compressed here,
         // on this thread: on two cores a hand-off to the engine's workers costs more in
@@ -358,6 +492,7 @@ impl Shared {
         let mut withheld = [false; STAGING_SLOTS];
         {
             let mut inner = s.inner.lock();
+            inner.unsettled.retain(|u| !victims.contains(u));
             for (slot, &v) in victims.iter().enumerate() {
                 if !outcome[slot] {
                     continue;
@@ -501,13 +636,18 @@ impl Shared {
         });
     }
 
-    /// Discards up to `max` clean copies, oldest first, for room in the store; how many. Only
-    /// between eviction batches (under `evict_lock`, no page of ours is Staged).
+    /// Discards up to `max` clean copies, oldest first, for room in the store; how many. The
+    /// copies of Staged pages stay: a batch not settled yet may find its page unchanged and
+    /// make the copy its stored content.
     fn give_up_copies(&self, max: usize) -> usize {
         let s = &self.root;
         let mut pages = Vec::new();
-        if let Some(c) = s.inner.lock().copies.as_mut() {
-            c.take_oldest(max, &mut pages);
+        {
+            let mut inner = s.inner.lock();
+            let SpaceInner { copies, state, .. } = &mut *inner;
+            if let Some(c) = copies.as_mut() {
+                c.take_oldest(max, &mut pages, |p| state.get(p as usize) == Staged);
+            }
         }
         for &p in &pages {
             let _ = s.store.discard(u64::from(p));
@@ -646,7 +786,11 @@ impl Shared {
         let mut adaptive = adaptive;
         let mut last_reap = Instant::now();
         let mut last_retry = Instant::now();
-        self.colocation.register_ours();
+        if self.async_settle {
+            self.colocation.register_off();
+        } else {
+            self.colocation.register_ours();
+        }
         while !self.stop.load(Relaxed) {
             if self.forking.load(Acquire) {
                 self.parked.fetch_add(1, AcqRel);
@@ -659,6 +803,9 @@ impl Shared {
             if let Some(a) = adaptive.as_mut() {
                 self.adaptive_step(a, false);
             }
+            if self.settle_queued() > 0 {
+                continue;
+            }
             let resident = self.root.inner.lock().resident;
             // Under faults the handlers evict between faults themselves; this thread takes over
             // when they are quiet (a lowered budget, an adaptive shrink) or fall behind.
@@ -670,7 +817,9 @@ impl Shared {
             } else {
                 self.budget()
             };
-            if resident > low {
+            // With async settling the evictor moves pages only when the faults are quiet: a
+            // move from its CPU while the program runs costs a TLB-flush IPI.
+            if (quiet || !self.async_settle) && resident > low {
                 if self.evict(resident - low) == 0 {
                     let full = self.store_full.load(Relaxed);
                     std::thread::sleep(Duration::from_millis(if full { 20 } else { 1 }));
@@ -719,6 +868,30 @@ enum PutBack {
     Again,
     /// Its memory is gone (Absent) or it could not be mapped (Poisoned).
     Gone,
+}
+
+/// Pages handlers move out for the evictor before it is woken to settle them (`evict_async`),
+/// and per call (between two looks for faults).
+const ASYNC_BATCH: usize = 64;
+const ASYNC_STEP: usize = 8;
+
+/// Pages moved out into staging slots, not yet compressed and settled (`Shared::settle`).
+pub(crate) struct Batch {
+    victims: Vec<u32>,
+    slots: Vec<Slot>,
+    /// Moved (the slot holds the page).
+    outcome: [bool; STAGING_SLOTS],
+    /// The slot held something else (EEXIST) and stays used.
+    stale: [bool; STAGING_SLOTS],
+    /// The hash of each victim's clean copy (0: none), see the `copies` module.
+    copy_hash: [u128; STAGING_SLOTS],
+}
+
+impl Batch {
+    /// Pages moved out of the program.
+    fn moved(&self) -> usize {
+        self.outcome.iter().filter(|&&o| o).count()
+    }
 }
 
 /// What became of an evicted page offered to the store.

@@ -187,6 +187,7 @@ impl Shared {
     /// snapshot of this space's store, so each process's later writes stay its own.
     pub(crate) fn on_fork(&self, parent: &Space, child_uffd: Uffd) {
         let _evicting = self.evict_lock.lock();
+        let _settling = self.settle_lock.lock();
         let inner = parent.inner.lock();
         let child = match self.snapshot(parent, &inner, child_uffd) {
             Ok(c) => c,

@@ -78,6 +78,9 @@ pub(crate) struct SpaceInner {
     /// Resident pages whose compressed copy the store keeps (the creator's space only, where
     /// `RegionConfig::clean_copies` is not `Off`).
     pub copies: Option<crate::copies::CleanCopies>,
+    /// Victims of eviction batches staged and not settled yet (at most a few batches' worth):
+    /// not picked again until their batch is settled (`Shared::stage`).
+    pub unsettled: Vec<u32>,
 }
 
 /// Pages just faulted in are held back from the policy this long (in faults): the faulting
@@ -101,6 +104,7 @@ impl SpaceInner {
             held: Default::default(),
             incompressible: Default::default(),
             copies: None,
+            unsettled: Vec::new(),
         }
     }
 
@@ -333,7 +337,17 @@ pub(crate) struct Shared {
     pub put_backs: Mutex<Vec<(u32, crate::slots::Slot, bool)>>,
     /// Pages per `UFFDIO_MOVE` in the last eviction batch (see `Shared::evict_while_idle`).
     pub run_pages: AtomicUsize,
+    /// Held while victims are picked and moved out (`Shared::stage`).
     pub evict_lock: Mutex<()>,
+    /// Held while a staged batch is compressed and settled (`Shared::settle`); taken after
+    /// `evict_lock` where both are held.
+    pub settle_lock: Mutex<()>,
+    /// `RegionConfig::async_settle`: handlers queue their batches for the evictor.
+    pub async_settle: bool,
+    /// Batches handlers staged for the evictor to settle (`Shared::evict_async`).
+    pub queued: Mutex<std::collections::VecDeque<crate::evict::Batch>>,
+    /// The evictor is settling queued batches (handlers do not move pages meanwhile).
+    pub settling: AtomicBool,
     pub evictor_wake: Condvar,
     pub evictor_mutex: Mutex<bool>,
     pub stop: AtomicBool,

@@ -51,7 +51,8 @@ impl Slots {
 
     /// Up to `n` empty slots into `out` (cleared first). When there are fewer, every used slot
     /// is emptied with `clear(addr, len)` (runs of adjacent slots in one call). Only eviction
-    /// calls this, under its lock, so no used slot is being read meanwhile.
+    /// calls this, under its lock; a used slot is no longer read by anyone, and slots handed
+    /// back while the list is cleared (a batch settled on another thread) are kept.
     pub fn take_empty(&self, n: usize, out: &mut Vec<Slot>, clear: impl Fn(usize, usize)) {
         out.clear();
         let mut l = self.lists.lock();
@@ -70,7 +71,11 @@ impl Slots {
             }
             l = self.lists.lock();
             l.empty.append(&mut taken);
-            l.used = taken; // keeps its capacity
+            // Slots a settling batch handed back meanwhile stay listed (evictor, see
+            // `Shared::settle`); else the list keeps its capacity.
+            if l.used.is_empty() {
+                l.used = taken;
+            }
         }
         let k = n.min(l.empty.len());
         let at = l.empty.len() - k;

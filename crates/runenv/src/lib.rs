@@ -40,6 +40,9 @@ pub const ENV_HANDLER_THREADS: &str = "ZMEM_HANDLER_THREADS";
 /// `0`: never pin the thread taking every fault and zmem's threads to one CPU
 /// (`--no-colocate`); unset or `1`: do (see zmem_region's `RegionConfig::colocate`).
 pub const ENV_COLOCATE: &str = "ZMEM_COLOCATE";
+/// `0`: handlers compress the pages they evict themselves (`--no-async-settle`); unset or `1`:
+/// they leave it to the evictor thread (see zmem_region's `RegionConfig::async_settle`).
+pub const ENV_ASYNC_SETTLE: &str = "ZMEM_ASYNC_SETTLE";
 /// Which pages faulted back keep their compressed copy (`--clean-copies`): `off`, `ssd` (the
 /// default: those read back from the SSD log) or `all` (see zmem_region's `CleanCopies`).
 pub const ENV_CLEAN_COPIES: &str = "ZMEM_CLEAN_COPIES";
@@ -70,7 +73,7 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 20] = [
+pub const ALL_VARS: [&str; 21] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -80,6 +83,7 @@ pub const ALL_VARS: [&str; 20] = [
     ENV_EVICTION,
     ENV_HANDLER_THREADS,
     ENV_COLOCATE,
+    ENV_ASYNC_SETTLE,
     ENV_CLEAN_COPIES,
     ENV_SSD,
     ENV_SSD_SIZE,
@@ -140,6 +144,7 @@ pub struct RunConfig {
     pub eviction: Eviction,
     pub handler_threads: usize,
     pub colocate: bool,
+    pub async_settle: bool,
     pub clean_copies: CleanCopies,
     /// The SSD tier's log (see [`ENV_SSD`]), its size and whether it is encrypted.
     pub ssd: Option<PathBuf>,
@@ -166,6 +171,7 @@ impl Default for RunConfig {
             eviction: Eviction::Clock,
             handler_threads: 1,
             colocate: true,
+            async_settle: true,
             clean_copies: CleanCopies::Ssd,
             ssd: None,
             ssd_size: None,
@@ -242,6 +248,11 @@ impl RunConfig {
             Some("0") => false,
             Some(v) => return Err(invalid(ENV_COLOCATE, v, "expected 0 or 1")),
         };
+        c.async_settle = match get(ENV_ASYNC_SETTLE).as_deref() {
+            None | Some("1") | Some("") => true,
+            Some("0") => false,
+            Some(v) => return Err(invalid(ENV_ASYNC_SETTLE, v, "expected 0 or 1")),
+        };
         c.clean_copies = match get(ENV_CLEAN_COPIES).filter(|v| !v.is_empty()) {
             None => CleanCopies::default(),
             Some(v) => CleanCopies::parse(&v)
@@ -308,6 +319,9 @@ impl RunConfig {
         v.push((ENV_HANDLER_THREADS, self.handler_threads.to_string()));
         if !self.colocate {
             v.push((ENV_COLOCATE, "0".into()));
+        }
+        if !self.async_settle {
+            v.push((ENV_ASYNC_SETTLE, "0".into()));
         }
         if self.clean_copies != CleanCopies::default() {
             v.push((ENV_CLEAN_COPIES, self.clean_copies.name().into()));
@@ -677,6 +691,7 @@ mod tests {
             eviction: Eviction::Fifo,
             handler_threads: 2,
             colocate: false,
+            async_settle: false,
             clean_copies: CleanCopies::All,
             ssd: Some("/var/tmp".into()),
             ssd_size: Some(2 << 30),
@@ -728,6 +743,7 @@ mod tests {
             (ENV_HANDLER_THREADS, "0"),
             (ENV_HANDLER_THREADS, "99"),
             (ENV_COLOCATE, "yes"),
+            (ENV_ASYNC_SETTLE, "on"),
             (ENV_CLEAN_COPIES, "0"),
             (ENV_ON_ERROR, "ignore"),
             (ENV_RUN_PID, "0"),
