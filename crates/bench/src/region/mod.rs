@@ -175,10 +175,11 @@ pub struct RegionArgs {
     /// (RegionConfig::colocate; on by default).
     #[arg(long)]
     pub no_colocate: bool,
-    /// zmem region: handlers only move pages out between faults; the evictor thread, kept off
-    /// the program's CPU, compresses them (RegionConfig::async_settle).
+    /// zmem region: handlers compress the pages they evict themselves, instead of only moving
+    /// them out and leaving that to the evictor thread on another CPU
+    /// (RegionConfig::async_settle; on by default).
     #[arg(long)]
-    pub async_settle: bool,
+    pub no_async_settle: bool,
     /// zmem region: which pages faulted back keep their compressed copy: off, ssd (the
     /// default: those read back from an SSD log, none here) or all (RegionConfig::clean_copies).
     #[arg(long, default_value = "ssd", value_parser = ["off", "ssd", "all"])]

@@ -36,7 +36,7 @@ pub fn run_zmem(
         cfg.handler_spin_us = us;
     }
     cfg.colocate = !args.no_colocate;
-    cfg.async_settle = args.async_settle;
+    cfg.async_settle = !args.no_async_settle;
     cfg.clean_copies = zmem_region::CleanCopies::parse(&args.clean_copies).unwrap_or_default();
     let (fault_around, handler_threads) = (cfg.fault_around, cfg.handler_threads);
     let mut driver = Driver::new(w, corpus, &label, FaultCounter::Any);
@@ -79,7 +79,7 @@ pub fn run_zmem(
         "handler_threads": handler_threads,
         "handler_spin_us": args.handler_spin_us,
         "colocate": !args.no_colocate,
-        "async_settle": args.async_settle,
+        "async_settle": !args.no_async_settle,
         "clean_copies": args.clean_copies,
         "clean_evictions": d(s1.clean_evictions, s0.clean_evictions),
         "colocations": d(s1.colocations, s0.colocations),
