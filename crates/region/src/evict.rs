@@ -1,8 +1,9 @@
 //! Eviction: the coldest resident pages (the policy's choice) are moved out with UFFDIO_MOVE
-//! into a staging area, compressed into the store (alone or in groups that make one block),
-//! and settled; a page the store refuses is put back. The evictor thread runs the adaptive
-//! budget and evicts when the handlers are quiet; handlers evict between faults, and a fault
-//! that finds the budget exhausted evicts itself (`make_room`).
+//! into a staging area (`stage`), compressed into the store (alone or in groups that make one
+//! block) and settled (`settle`); a page the store refuses is put back. The evictor thread runs
+//! the adaptive budget and evicts when the handlers are quiet; handlers evict between faults
+//! (by default only staging, the evictor settling their batches on another CPU: see
+//! `evict_async`), and a fault that finds the budget exhausted evicts itself (`make_room`).
 
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::Arc;
@@ -87,10 +88,10 @@ impl Shared {
         }
     }
 
-    /// Evicts up to `want` pages, their compression left to the evictor thread when the region
-    /// settles asynchronously (`RegionConfig::async_settle`) and fewer than
-    /// [`QUEUED_BATCHES`] batches wait: the caller (a handler between faults, sharing its CPU
-    /// with the program) only moves the pages out. Returns how many left the budget.
+    /// Evicts up to `want` pages (at least `ASYNC_STEP`), their compression left to the evictor
+    /// thread when the region settles asynchronously (`RegionConfig::async_settle`): the
+    /// caller (a handler between faults, sharing its CPU with the program) only moves the pages
+    /// out. Returns how many left the program; 0 while the evictor is settling.
     pub(crate) fn evict_async(&self, want: usize) -> usize {
         if !self.async_settle {
             return self.evict(want);
