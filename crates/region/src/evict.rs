@@ -101,6 +101,14 @@ impl Shared {
         // checks for faults between them) are queued without waking it, until ASYNC_BATCH
         // pages wait or the handler stops evicting.
         if self.settling.load(Acquire) {
+            // Demand beyond what the evictor compresses (fault-around brings pages in 16 at a
+            // time): past half the margin, the handler compresses too, its moves paying the
+            // IPI, rather than let faults find no room (they would evict themselves, and
+            // fault-around would stop at the budget).
+            let low = self.low_water();
+            if self.root.inner.lock().resident > low + (self.budget() - low) / 2 {
+                return self.evict(want);
+            }
             return 0;
         }
         let Some(batch) = self.stage(want.max(ASYNC_STEP)) else {
@@ -871,9 +879,10 @@ enum PutBack {
     Gone,
 }
 
-/// Pages handlers move out for the evictor before it is woken to settle them (`evict_async`),
-/// and per call (between two looks for faults).
-const ASYNC_BATCH: usize = 64;
+/// Pages handlers move out for the evictor before it is woken to settle them (`evict_async`):
+/// three quarters of the slots, the rest left for faults that must evict themselves meanwhile.
+const ASYNC_BATCH: usize = STAGING_SLOTS * 3 / 4;
+/// Pages a handler moves out per call (between two looks for faults).
 const ASYNC_STEP: usize = 8;
 
 /// Pages moved out into staging slots, not yet compressed and settled (`Shared::settle`).

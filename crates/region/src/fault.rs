@@ -25,7 +25,13 @@ impl Shared {
         let budget = self.budget();
         let resident = self.root.inner.lock().resident;
         if resident + n > budget {
-            let done = self.evict(resident + n - budget);
+            let mut done = self.evict(resident + n - budget);
+            if done == 0 && self.settling.load(Relaxed) {
+                // The evictor holds the staging slots while it settles: wait for the batch it
+                // is on (its slots come back), then try again.
+                drop(self.settle_lock.lock());
+                done = self.evict(resident + n - budget);
+            }
             self.counters
                 .direct_evictions
                 .fetch_add(done as u64, Relaxed);
