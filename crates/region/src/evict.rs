@@ -193,36 +193,15 @@ impl Shared {
             }
             // A page of a batch not settled yet (faulted back from its slot, or whose move
             // failed) waits for that batch: its store entry is that batch's to write or
-            // discard. Set aside, others picked instead, then given back to the policy.
-            if !inner.unsettled.is_empty() {
-                let SpaceInner {
-                    unsettled, tracker, ..
-                } = &mut *inner;
-                let mut waiting = Vec::new();
-                victims.retain(|v| {
-                    let wait = unsettled.contains(v);
-                    if wait {
-                        waiting.push(*v);
-                    }
-                    !wait
-                });
-                if let Some(t) = tracker.as_mut() {
-                    if !waiting.is_empty() {
-                        let at = victims.len();
-                        t.pick(n - at, &mut victims);
-                        let mut k = at;
-                        while k < victims.len() {
-                            if unsettled.contains(&victims[k]) {
-                                waiting.push(victims.swap_remove(k));
-                            } else {
-                                k += 1;
-                            }
-                        }
-                    }
-                    for &v in &waiting {
-                        t.insert_quiet(v);
-                    }
+            // discard. Set aside, others picked instead, all given back to the policy below.
+            let mut waiting = Vec::new();
+            set_aside(&inner.unsettled, &mut victims, 0, &mut waiting);
+            if !waiting.is_empty() {
+                let at = victims.len();
+                if let Some(t) = inner.tracker.as_mut() {
+                    t.pick(n - at, &mut victims);
                 }
+                set_aside(&inner.unsettled, &mut victims, at, &mut waiting);
             }
             // Each victim takes its resident neighbours that nothing protects (never refaulted:
             // the policy would give them up next anyway), so that runs of adjacent pages move
@@ -246,20 +225,11 @@ impl Shared {
                     }
                 }
             }
-            // Neighbours too.
-            if !inner.unsettled.is_empty() {
-                let SpaceInner {
-                    unsettled, tracker, ..
-                } = &mut *inner;
-                victims.retain(|v| {
-                    let wait = unsettled.contains(v);
-                    if wait {
-                        if let Some(t) = tracker.as_mut() {
-                            t.insert_quiet(*v);
-                        }
-                    }
-                    !wait
-                });
+            set_aside(&inner.unsettled, &mut victims, picked, &mut waiting);
+            if let Some(t) = inner.tracker.as_mut() {
+                for &v in &waiting {
+                    t.insert_quiet(v);
+                }
             }
             inner.unsettled.extend_from_slice(&victims);
             for &slot in &slots[victims.len()..] {
@@ -901,6 +871,21 @@ impl Batch {
     /// Pages moved out of the program.
     fn moved(&self) -> usize {
         self.outcome.iter().filter(|&&o| o).count()
+    }
+}
+
+/// Moves the pages of `victims[from..]` that are in `unsettled` into `waiting`.
+fn set_aside(unsettled: &[u32], victims: &mut Vec<u32>, from: usize, waiting: &mut Vec<u32>) {
+    if unsettled.is_empty() {
+        return;
+    }
+    let mut k = from;
+    while k < victims.len() {
+        if unsettled.contains(&victims[k]) {
+            waiting.push(victims.swap_remove(k));
+        } else {
+            k += 1;
+        }
     }
 }
 
