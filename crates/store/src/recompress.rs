@@ -1,7 +1,8 @@
 //! Idle recompression (zram's recompress): `mark_idle` marks every stored page, any access
 //! clears the mark, and `recompress` re-encodes what stayed idle with a colder codec, building
-//! blocks of aligned runs and keeping a result only if it is smaller. With a
-//! `recompress_interval`, a background thread does a pass every interval.
+//! blocks of aligned runs and keeping a result only if it is smaller, then compacts the pool
+//! (the objects it replaced leave spans part empty). With a `recompress_interval`, a background
+//! thread does a pass every interval.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,6 +13,10 @@ use zmem_codec::{CodecId, PAGE_SIZE};
 
 use crate::slot::{State, BLOCK, EMPTY, HUGE, IDLE, OBJECT};
 use crate::{RecompressStats, StoreCore, StoreError, MAX_BLOCK_PAGES};
+
+/// A pass that recompressed pages compacts the pool when it holds this much more DRAM than
+/// its objects' bytes.
+const COMPACT_ABOVE: f64 = 1.05;
 
 impl StoreCore {
     /// Every `every`, recompresses the pages that stayed idle since the previous pass.
@@ -83,6 +88,15 @@ impl StoreCore {
             .counters
             .recompressed
             .fetch_add(stats.pages_recompressed, Ordering::Relaxed);
+        // Every page recompressed freed an object in a span of the old codec's size classes:
+        // passes leave spans part empty, and the pool holds DRAM its objects do not need
+        // (`bench region --pattern zipf --policy auto`: ratio 1.66 without this, 1.72-1.99 with).
+        let pool = &self.inner.pool;
+        if stats.pages_recompressed > 0
+            && pool.mem_used() as f64 > COMPACT_ABOVE * pool.stats().object_bytes as f64
+        {
+            pool.compact();
+        }
         stats
     }
 
