@@ -90,7 +90,7 @@ impl StoreCore {
             .fetch_add(stats.pages_recompressed, Ordering::Relaxed);
         // Every page recompressed freed an object in a span of the old codec's size classes:
         // passes leave spans part empty, and the pool holds DRAM its objects do not need
-        // (`bench region --pattern zipf --policy auto`: ratio 1.66 without this, 1.72-1.99 with).
+        // (`bench region --pattern zipf --policy auto`: ratio 1.66 without this, 1.72-1.83 with).
         let pool = &self.inner.pool;
         if stats.pages_recompressed > 0
             && pool.mem_used() as f64 > COMPACT_ABOVE * pool.stats().object_bytes as f64
