@@ -1120,6 +1120,31 @@ fn fork_and_exec() {
     eprintln!("fork_and_exec: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
+/// A shell script forking a subshell per line (`$(...)`), hundreds of times, at a small
+/// budget. Every fork snapshots the region for the child; the snapshots of children that
+/// exited must go at once, or the next fork fails with ENOMEM (the kernel accounts their
+/// region-sized tables: bash stopped with "fork: Cannot allocate memory" after ~64).
+#[test]
+fn a_shell_forks_hundreds_of_subshells() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let script = "n=0; for i in $(seq 200); do x=$(echo $i); n=$((n + x)); done; echo sum $n";
+    let mut cmd = zmem_cmd(&["run", "--resident", "8M", "--quiet", "--"]);
+    cmd.args(["bash", "-c", script]);
+    let out = run_to_end(cmd, dir.path(), "bash", Duration::from_secs(120));
+    assert_eq!(
+        out.code,
+        Some(0),
+        "bash under zmem run failed\nstdout: {}\nstderr: {}",
+        out.stdout,
+        tail(&out.stderr)
+    );
+    assert_eq!(out.stdout.trim(), "sum 20100", "{}", tail(&out.stderr));
+}
+
 const KEYS: usize = 40_000;
 
 #[test]
@@ -1202,6 +1227,11 @@ fn redis_holds_several_times_its_budget() {
     assert!(
         num(&report["zmem"], "forks") >= 1,
         "BGSAVE's fork not seen: {report}"
+    );
+    // The child read a heap several times its budget: its pages were evicted in the child.
+    assert!(
+        num(&report["zmem"], "child_evictions") > 0,
+        "no page of BGSAVE's child was evicted: {report}"
     );
     assert_eq!(num(&report["zmem"], "pid"), redis_pid as u64, "{report}");
 

@@ -88,6 +88,88 @@ pub fn move_high(fd: OwnedFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(keep) }
 }
 
+/// A connected pair of datagram sockets that keep message boundaries (SOCK_SEQPACKET,
+/// close-on-exec): zmem's link between a process and the child it forks.
+pub fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: socketpair fills two descriptors into a valid array.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends descriptor `fd` over the socket `sock` (SCM_RIGHTS, with one byte of data).
+pub fn send_fd(sock: RawFd, fd: RawFd) -> Result<(), crate::Errno> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut cmsg = [0u64; 4]; // CMSG_SPACE(sizeof(int)) = 24 bytes, 8-aligned
+                              // SAFETY: a zeroed msghdr is valid; the pointers below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    // SAFETY: the control buffer is large enough for one header with one int.
+    unsafe {
+        let h = libc::CMSG_FIRSTHDR(&msg);
+        (*h).cmsg_level = libc::SOL_SOCKET;
+        (*h).cmsg_type = libc::SCM_RIGHTS;
+        (*h).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(h).cast::<RawFd>(), fd);
+    }
+    // SAFETY: msg points at valid buffers.
+    if unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) } == 1 {
+        Ok(())
+    } else {
+        Err(crate::Errno::last())
+    }
+}
+
+/// Receives a descriptor sent by [`send_fd`] (close-on-exec); blocks. The other end closed
+/// without sending: ENOTCONN.
+pub fn recv_fd(sock: RawFd) -> Result<OwnedFd, crate::Errno> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut cmsg = [0u64; 4];
+    // SAFETY: as in send_fd.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cmsg);
+    // SAFETY: msg points at valid buffers.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(crate::Errno::last());
+    }
+    // SAFETY: walking the control messages the kernel wrote into our buffer.
+    unsafe {
+        let h = libc::CMSG_FIRSTHDR(&msg);
+        if n == 0 || h.is_null() || (*h).cmsg_type != libc::SCM_RIGHTS {
+            return Err(crate::Errno(libc::ENOTCONN));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(h).cast::<RawFd>());
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +204,30 @@ mod tests {
         let flags = unsafe { libc::fcntl(high, libc::F_GETFD) };
         assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
         unprotect(high);
+    }
+
+    #[test]
+    fn a_descriptor_crosses_a_seqpacket_pair_and_eof_is_reported() {
+        use std::os::fd::AsRawFd;
+        let (a, b) = seqpacket_pair().unwrap();
+        let (r, w) = {
+            let mut p = [0; 2];
+            // SAFETY: a pipe into a valid array.
+            assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+            // SAFETY: both ends are new and ours.
+            unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+        };
+        send_fd(a.as_raw_fd(), w.as_raw_fd()).unwrap();
+        drop(w);
+        let got = recv_fd(b.as_raw_fd()).unwrap();
+        // SAFETY: writing to the received pipe end, reading from ours.
+        let mut c = [0u8; 1];
+        unsafe {
+            assert_eq!(libc::write(got.as_raw_fd(), b"z".as_ptr().cast(), 1), 1);
+            assert_eq!(libc::read(r.as_raw_fd(), c.as_mut_ptr().cast(), 1), 1);
+        }
+        assert_eq!(&c, b"z");
+        drop(a);
+        assert_eq!(recv_fd(b.as_raw_fd()).unwrap_err().code(), libc::ENOTCONN);
     }
 }

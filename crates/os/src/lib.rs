@@ -1,6 +1,7 @@
 //! What every zmem layer needs of the operating system, defined once: the page size zmem works
-//! in, anonymous mappings that unmap themselves, the start hook of zmem's own threads, and
-//! system-call errors that print without libc (safe on zmem's threads).
+//! in, anonymous mappings that unmap themselves, the start hook of zmem's own threads, another
+//! process's memory by address, and system-call errors that print without libc (safe on zmem's
+//! threads).
 //!
 //! This crate is the bottom of the graph (it depends on libc only), so the codec, the pool, the
 //! engine, the store and the region can all share it without depending on each other.
@@ -9,6 +10,7 @@ pub mod errno;
 pub mod extents;
 pub mod fds;
 pub mod mapping;
+pub mod remote;
 pub mod spin;
 pub mod thread;
 

@@ -728,20 +728,11 @@ impl Shared {
         }
     }
 
-    /// Unmaps whatever is in `[addr, addr + len)` of the staging area. Unregistered first, so
-    /// the madvise sends no REMOVE event (which would block until a handler read it: a handler
-    /// may be the one evicting). Called with `evict_lock` held.
+    /// Unmaps whatever is in `[addr, addr + len)` of the staging area (`Uffd::clear_registered`).
+    /// Called with `evict_lock` held.
     pub(crate) fn clear_staging(&self, addr: usize, len: usize) {
         debug_assert!(addr >= self.staging && addr + len <= self.staging + STAGING_SLOTS * PAGE);
-        let u = &self.root.uffd;
-        if let Err(e) = u.unregister(addr, len) {
-            tracing::error!("staging unregister: {e}");
-        }
-        // SAFETY: the staging area is our own mapping and nothing in the range is still needed.
-        unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) };
-        if let Err(e) = u.register_missing(addr, len) {
-            tracing::error!("staging register: {e}");
-        }
+        self.root.uffd.clear_registered(addr, len);
     }
 
     /// One step of the adaptive budget (if one is due, or `force`), applied.
@@ -806,6 +797,7 @@ impl Shared {
                 self.repack();
                 continue;
             }
+            self.evict_children();
             {
                 let mut g = self.evictor_mutex.lock();
                 if !*g {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use zmem_os::Errno;
 
 use crate::config::PAGE;
-use crate::manager::{Served, Shared, Space, STAGING_SLOTS};
+use crate::manager::{Served, Shared, Space, STAGING_PAGES, STAGING_SLOTS};
 use crate::state::PageState::*;
 use crate::uffd;
 
@@ -52,6 +52,8 @@ impl Shared {
             let t0 = Instant::now();
             self.make_room(1);
             self.counters.add_ns(&self.counters.room_ns, t0);
+        } else {
+            self.make_room_in_child(s);
         }
         let mut inner = s.inner.lock();
         let st = inner.state.get(idx);
@@ -67,6 +69,8 @@ impl Shared {
                 }
                 return Served::Done;
             }
+            // A child's page being moved out (`child`): the batch wakes its waiters.
+            Staged if !s.is_root => return Served::Done,
             Staged => {
                 let slot = inner.staged[&(idx as u32)];
                 // The slot page is present (moved there) and stays until the state changes,
@@ -272,6 +276,7 @@ impl Shared {
                 }
             }
         }
+        let mut over_share = false;
         let mut inner = s.inner.lock();
         for (k, &kind) in kinds.iter().enumerate() {
             let i = idx + k;
@@ -284,6 +289,12 @@ impl Shared {
             }
             inner.state.set(i, Resident);
             inner.admit(i as u32);
+            if !use_zero {
+                if let Some(c) = inner.child.as_mut() {
+                    c.mapped(i as u32);
+                    over_share |= c.holding() > self.child_share();
+                }
+            }
             if kind == Stored {
                 match inner.copies.as_mut().filter(|_| hashes[k] != 0) {
                     Some(c) => c.keep(i as u32, hashes[k]),
@@ -294,15 +305,23 @@ impl Shared {
             }
         }
         drop(inner);
-        if kinds[0] == Stored {
-            self.counters.major_faults.fetch_add(1, Relaxed);
-        } else {
-            self.counters.zero_faults.fetch_add(1, Relaxed);
+        if over_share {
+            self.kick_evictor(); // a forked child holds more than its share
         }
+        self.count_fault(kinds[0]);
         self.counters
             .fault_around_pages
             .fetch_add(run as u64 - 1, Relaxed);
         Served::Done
+    }
+
+    /// A fault served: a major one if its page came from the store.
+    pub(crate) fn count_fault(&self, kind: crate::state::PageState) {
+        if kind == Stored {
+            self.counters.major_faults.fetch_add(1, Relaxed);
+        } else {
+            self.counters.zero_faults.fetch_add(1, Relaxed);
+        }
     }
 
     /// The kernel refused memory for a fault (ENOMEM). Evict and let the thread retry; after
@@ -344,7 +363,7 @@ impl Shared {
     /// A fault outside the region's range on our descriptor: memory that was mremapped away.
     /// Its evicted content cannot be found by address any more; SIGBUS beats silent zeros.
     fn serve_foreign(&self, s: &Space, addr: usize) -> Served {
-        if addr >= self.staging && addr < self.staging + STAGING_SLOTS * PAGE {
+        if addr >= self.staging && addr < self.staging + STAGING_PAGES * PAGE {
             tracing::error!("fault in the staging area at {addr:#x} (a zmem bug); mapping zeros");
             let _ = s.uffd.zeropage(addr, PAGE);
             return Served::Done;

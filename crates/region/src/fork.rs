@@ -40,6 +40,7 @@ extern "C" fn atfork_prepare() {
     for s in registry.iter() {
         if let Some(s) = s.upgrade() {
             s.fork_gate_close();
+            s.open_child_link();
         }
     }
     // Kept across the fork; released by atfork_parent and atfork_child.
@@ -51,6 +52,7 @@ extern "C" fn atfork_parent() {
     let registry = REGISTRY.lock();
     for s in registry.iter() {
         if let Some(s) = s.upgrade() {
+            s.parent_side_of_link();
             s.fork_gate_open();
         }
     }
@@ -72,6 +74,7 @@ extern "C" fn atfork_child() {
         if let Some(s) = s.upgrade() {
             s.close_in_child();
             s.colocation.in_child();
+            s.child_side_of_link();
         }
     }
     registry.clear();
@@ -186,6 +189,11 @@ impl Shared {
 
     /// snapshot of this space's store, so each process's later writes stay its own.
     pub(crate) fn on_fork(&self, parent: &Space, child_uffd: Uffd) {
+        // Children that exited go first: each holds a snapshot store and a state table sized
+        // for the whole region, in memory the kernel accounts for the next fork (bash running
+        // `$(...)` 300 times under an 8M budget hit fork's ENOMEM, __vm_enough_memory, with
+        // dozens of dead children's tables waiting for the once-a-second reap).
+        self.reap_children();
         let _evicting = self.evict_lock.lock();
         let _settling = self.settle_lock.lock();
         let inner = parent.inner.lock();
@@ -248,17 +256,23 @@ impl Shared {
                 other => state.init(i, other),
             }
         }
-        let mut inner = SpaceInner::new(state, None);
+        let mut mine = SpaceInner::new(state, None);
         // The child's resident pages are those present at fork (its copy-on-write mapping).
-        inner.resident = resident;
+        mine.resident = resident;
+        // Linked to a thread of the child, its pages can be evicted there.
+        let link = self.link_child(parent, &child_uffd);
+        if link.is_some() {
+            mine.child = Some(crate::child::ChildPages::new());
+        }
         Ok(Space {
             uffd: child_uffd,
             base: parent.base,
             pages: parent.pages,
             store: std::mem::ManuallyDrop::new(store),
-            inner: Mutex::new(inner),
+            inner: Mutex::new(mine),
             is_root: false,
             dead: AtomicBool::new(false),
+            link: Mutex::new(link),
         })
     }
 

@@ -14,6 +14,7 @@
 mod backing;
 pub mod budget;
 mod budget_loop;
+mod child;
 mod colocate;
 mod config;
 mod copies;
@@ -42,7 +43,7 @@ use zmem_store::{PageStore, StoreConfig};
 
 use budget_loop::BudgetLoop;
 use error::os;
-use manager::{Counters, Shared, Space, SpaceInner, STAGING_SLOTS};
+use manager::{Counters, Shared, Space, SpaceInner, STAGING_PAGES};
 use policy::Tracker;
 use state::StateTable;
 
@@ -129,7 +130,7 @@ impl Region {
         let region = reserve(len)?;
         // No huge page may ever cover the staging area: UFFDIO_MOVE refuses (EEXIST) to move
         // into a slot under one.
-        let staging = Mapping::new(STAGING_SLOTS * PAGE, MappingFlags::RESERVE_SMALL_PAGES)
+        let staging = Mapping::new(STAGING_PAGES * PAGE, MappingFlags::RESERVE_SMALL_PAGES)
             .map_err(|source| RegionError::Os { op: "mmap", source })?;
         let store = factory()?;
         // SAFETY: plain eventfd creation.
@@ -156,7 +157,7 @@ impl Region {
                 source: source.into(),
             })
             .and_then(|()| {
-                fd.register_missing(staging.addr(), STAGING_SLOTS * PAGE)
+                fd.register_missing(staging.addr(), STAGING_PAGES * PAGE)
                     .map_err(|source| RegionError::Os {
                         op: "UFFDIO_REGISTER (staging)",
                         source: source.into(),
@@ -188,10 +189,12 @@ impl Region {
             }),
             is_root: true,
             dead: AtomicBool::new(false),
+            link: Mutex::new(None),
         };
         let shared = Arc::new(Shared {
             root: Arc::new(root),
             children: Mutex::new(Vec::new()),
+            fork_link: Mutex::new((None, None)),
             staging: staging.addr(),
             slots: slots::Slots::new(staging.addr()),
             budget_pages: AtomicUsize::new(budget_pages),
@@ -344,6 +347,7 @@ impl Region {
             unshared: c.unshared.load(Relaxed),
             staging_cleared: c.staging_cleared.load(Relaxed),
             forks: c.forks.load(Relaxed),
+            child_evictions: c.child_evictions.load(Relaxed),
             store_refused: c.store_refused.load(Relaxed),
             clean_copies,
             clean_evictions: c.clean_evictions.load(Relaxed),
@@ -584,7 +588,7 @@ impl Drop for Region {
         // (the program mapped something else over part of it) leaves that to the close below.
         for &(a, b) in ours
             .iter()
-            .chain([(self.staging, self.staging + STAGING_SLOTS * PAGE)].iter())
+            .chain([(self.staging, self.staging + STAGING_PAGES * PAGE)].iter())
         {
             let _ = shared.root.uffd.unregister(a, b - a);
         }
@@ -598,7 +602,7 @@ impl Drop for Region {
         drop(registry);
         // SAFETY: our own mappings; parts the program already unmapped are skipped.
         unsafe {
-            libc::munmap(self.staging as *mut _, STAGING_SLOTS * PAGE);
+            libc::munmap(self.staging as *mut _, STAGING_PAGES * PAGE);
             for (a, b) in ours {
                 libc::munmap(a as *mut _, b - a);
             }

@@ -29,8 +29,11 @@ use crate::policy::Tracker;
 use crate::state::{PageState, StateTable};
 use crate::uffd::{self, Msg, Uffd};
 
-/// Pages moved out per eviction batch (also the staging area's size).
+/// Pages moved out per eviction batch (also the number of the staging area's slots).
 pub(crate) const STAGING_SLOTS: usize = 64;
+/// The staging area's pages: the slots, then pages the creator never uses, so that they are
+/// empty in every forked child (eviction there, see `child`).
+pub(crate) const STAGING_PAGES: usize = STAGING_SLOTS + crate::child::CHILD_SLOTS;
 
 /// Faults and events a handler can hold while a fork is in progress (see `Shared::fork_mode`).
 const FORK_STASH: usize = 4096;
@@ -46,6 +49,8 @@ pub(crate) struct Space {
     /// The creator's space evicts; a child's is served from its snapshot only.
     pub is_root: bool,
     pub dead: AtomicBool,
+    /// A forked child's link to its own thread, which moves its pages out (`child`).
+    pub link: Mutex<Option<crate::child::ChildLink>>,
 }
 
 pub(crate) struct SpaceInner {
@@ -81,6 +86,8 @@ pub(crate) struct SpaceInner {
     /// Victims of eviction batches staged and not settled yet (at most a few batches' worth):
     /// not picked again until their batch is settled (`Shared::stage`).
     pub unsettled: Vec<u32>,
+    /// A forked child's space: the pages zmem mapped into it, for eviction there (`child`).
+    pub child: Option<crate::child::ChildPages>,
 }
 
 /// Pages just faulted in are held back from the policy this long (in faults): the faulting
@@ -105,6 +112,7 @@ impl SpaceInner {
             incompressible: Default::default(),
             copies: None,
             unsettled: Vec::new(),
+            child: None,
         }
     }
 
@@ -295,6 +303,7 @@ pub(crate) struct Counters {
     pub unshared: AtomicU64,
     pub staging_cleared: AtomicU64,
     pub forks: AtomicU64,
+    pub child_evictions: AtomicU64,
     /// HandlerTime's sums.
     pub handled_faults: AtomicU64,
     pub handled_ns: AtomicU64,
@@ -323,6 +332,9 @@ pub(crate) struct Counters {
 pub(crate) struct Shared {
     pub root: Arc<Space>,
     pub children: Mutex<Vec<Arc<Space>>>,
+    /// Made by the fork prepare hook: the parent's and the child's ends of the link to the
+    /// forked child's thread (`child`).
+    pub fork_link: Mutex<(Option<std::os::fd::OwnedFd>, Option<std::os::fd::OwnedFd>)>,
     pub staging: usize,
     /// The staging area's slots: empty, or holding a page already compressed.
     pub slots: crate::slots::Slots,
@@ -533,9 +545,10 @@ impl Shared {
     pub(crate) fn dispatch(self: &Arc<Self>, s: &Arc<Space>, m: &Msg, buf: &mut Vec<u8>) -> Served {
         match m.event {
             uffd::EVENT_PAGEFAULT => {
+                // The faulting thread's id (UFFD_FEATURE_THREAD_ID), a root-space tid.
+                let tid = m.arg2 as u32 as libc::pid_t;
                 if s.is_root {
-                    // The faulting thread's id (UFFD_FEATURE_THREAD_ID), a root-space tid.
-                    self.colocation.on_fault(m.arg2 as u32 as libc::pid_t);
+                    self.colocation.on_fault(tid);
                 }
                 let t0 = Instant::now();
                 *self.last_fault_at.lock() = t0;

@@ -90,6 +90,9 @@ pub struct RegionStats {
     /// Staging slots found occupied (UFFDIO_MOVE: EEXIST) and cleared before moving a page in.
     pub staging_cleared: u64,
     pub forks: u64,
+    /// Pages evicted in forked children (zmem recycles a child's pages beyond its share).
+    #[serde(default)]
+    pub child_evictions: u64,
     /// Evicted pages the store refused because it was full (they stayed resident).
     pub store_refused: u64,
     /// Bytes of resident pages whose compressed copy the store keeps (`RegionConfig::

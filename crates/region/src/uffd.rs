@@ -283,6 +283,21 @@ impl Uffd {
         ioctl(self.raw(), UFFDIO_UNREGISTER, &mut r)
     }
 
+    /// Empties `[start, start + len)`, registered memory of the calling process that nothing
+    /// needs any more: unregistered first, so that MADV_DONTNEED sends no REMOVE event (which
+    /// would block until a handler read it, and the caller may be that handler), then
+    /// registered again. Errors are logged (static text and errno only).
+    pub fn clear_registered(&self, start: usize, len: usize) {
+        if let Err(e) = self.unregister(start, len) {
+            tracing::error!("staging unregister: {e}");
+        }
+        // SAFETY: the caller's own mapping, whose pages nobody needs.
+        unsafe { libc::madvise(start as *mut _, len, libc::MADV_DONTNEED) };
+        if let Err(e) = self.register_missing(start, len) {
+            tracing::error!("staging register: {e}");
+        }
+    }
+
     pub fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = Range {
             start: start as u64,

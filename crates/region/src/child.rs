@@ -1,0 +1,464 @@
+//! Eviction in a forked child: the pages zmem maps into a child (its faults on pages that were
+//! evicted at the fork, e.g. redis's BGSAVE reading the whole heap) are bounded, so a child
+//! that reads a heap larger than the budget does not grow to the whole heap.
+//!
+//! The parent cannot free a page of the child: `UFFDIO_MOVE` refuses to work across address
+//! spaces (EINVAL) and process_madvise refuses MADV_DONTNEED (docs/DESIGN-NOTES.md). So the
+//! child gets a small thread of its own, started by the fork hook, linked to the parent by a
+//! socket pair made in the prepare hook. The parent sends it the child's userfaultfd (read
+//! from the FORK event); then, when the child holds more than its share of pages zmem mapped
+//! into it, the parent's evictor picks the oldest, marks them Staged and asks the child's
+//! thread to move them into its own staging pages (a part of the staging area the creator
+//! never uses, so it is empty in every child). The parent reads them there
+//! (process_vm_readv), stores them in the child's store, and wakes any thread of the child
+//! that faulted on them meanwhile. The child's thread empties its staging pages before each
+//! batch. It never touches the program's memory and exits when the link closes.
+//!
+//! Only pages zmem mapped are victims: a page present at the fork is shared copy-on-write with
+//! the parent and costs nothing extra. A raw fork(2) (no hooks) gets no link: its pages are
+//! served as before, never evicted.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use zmem_os::{fds, remote, Errno};
+
+use crate::config::PAGE;
+use crate::manager::{Shared, Space, STAGING_SLOTS};
+use crate::state::PageState::*;
+use crate::uffd::Uffd;
+
+/// Pages a child's thread moves per request; its staging pages.
+pub(crate) const CHILD_SLOTS: usize = 32;
+
+/// A child's share: pages zmem may map into it beyond those present at the fork, as a fraction
+/// of the parent's budget (at least [`CHILD_MIN`]); past twice that, its faults wait for an
+/// eviction.
+const CHILD_SHARE: usize = 4;
+const CHILD_MIN: usize = 64;
+
+/// Read by the permission check: a byte of our own image, present in the child too and never
+/// part of a region (reading it can never wait for a handler).
+static PROBE: u8 = 0x5a;
+
+/// How long the parent waits for one reply before checking whether the region is going away.
+const REPLY_POLL: Duration = Duration::from_millis(100);
+
+/// Parent to child: move these pages (addresses) into staging pages 0..n.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Request {
+    n: u64,
+    pages: [u64; CHILD_SLOTS],
+}
+
+/// Child to parent: the child's pid (for process_vm_readv), and per page 0 (moved) or errno.
+/// The thread's first message, before any request, carries the pid only.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Reply {
+    pid: i32,
+    moved: [i32; CHILD_SLOTS],
+}
+
+/// What a child's space knows about the pages zmem mapped into it.
+pub(crate) struct ChildPages {
+    /// Pages mapped into the child by its faults (copies, not zero pages), oldest first. An
+    /// entry may be stale (the page was dropped since); victims are checked when taken.
+    mapped: VecDeque<u32>,
+}
+
+impl ChildPages {
+    pub fn new() -> ChildPages {
+        ChildPages {
+            mapped: VecDeque::new(),
+        }
+    }
+
+    /// A page was mapped into the child with its own content (not the zero page).
+    pub fn mapped(&mut self, page: u32) {
+        self.mapped.push_back(page);
+    }
+
+    pub fn holding(&self) -> usize {
+        self.mapped.len()
+    }
+}
+
+/// The parent's end of the link to a child's thread, used by one batch at a time.
+pub(crate) struct ChildLink {
+    sock: RawFd,
+    /// The child's pid, from its thread's first message; 0 until then.
+    pid: libc::pid_t,
+}
+
+impl Drop for ChildLink {
+    fn drop(&mut self) {
+        close_raw(self.sock); // the child's thread sees the link close and ends
+    }
+}
+
+impl Shared {
+    /// Pages a forked child may hold beyond those present at the fork.
+    pub(crate) fn child_share(&self) -> usize {
+        (self.budget() / CHILD_SHARE).max(CHILD_MIN)
+    }
+
+    /// Prepare hook (every thread of the region parked): a link for the child this fork makes.
+    pub(crate) fn open_child_link(&self) {
+        let pair = fds::seqpacket_pair().ok();
+        let mut link = self.fork_link.lock();
+        for old in [link.0.take(), link.1.take()].into_iter().flatten() {
+            close_protected(old);
+        }
+        if let Some((a, b)) = pair {
+            *link = (Some(fds::move_high(a)), Some(fds::move_high(b)));
+        }
+    }
+
+    /// Parent hook: the child's end is the child's.
+    pub(crate) fn parent_side_of_link(&self) {
+        if let Some(b) = self.fork_link.lock().1.take() {
+            close_protected(b);
+        }
+    }
+
+    /// Child hook: the parent's end is the parent's; this process's region pages get a thread
+    /// that moves them out when the parent asks.
+    pub(crate) fn child_side_of_link(&self) {
+        let (a, b) = std::mem::take(&mut *self.fork_link.lock());
+        if let Some(a) = a {
+            close_protected(a);
+        }
+        let Some(b) = b else {
+            return;
+        };
+        let slots = self.staging + STAGING_SLOTS * PAGE;
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(b);
+        if zmem_os::thread::spawn("zmem-child".into(), move || child_thread(raw, slots)).is_err() {
+            // The parent's requests then find the link closed: no eviction here.
+            close_raw(raw);
+        }
+    }
+
+    /// After a FORK event: hands the child's userfaultfd to the child's thread, and returns
+    /// the link for the child's space (None: a raw fork, or the child is gone).
+    pub(crate) fn link_child(&self, parent: &Space, child_uffd: &Uffd) -> Option<ChildLink> {
+        if !parent.is_root {
+            return None; // a grandchild's fork ran in its parent, which has no hooks
+        }
+        let a = self.fork_link.lock().0.take()?;
+        if fds::send_fd(a.as_raw_fd(), child_uffd.raw()).is_err() {
+            close_protected(a);
+            return None;
+        }
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: REPLY_POLL.as_micros() as libc::suseconds_t,
+        };
+        // SAFETY: setting a receive timeout on our own socket.
+        unsafe {
+            libc::setsockopt(
+                a.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        Some(ChildLink {
+            sock: std::os::fd::IntoRawFd::into_raw_fd(a),
+            pid: 0,
+        })
+    }
+
+    /// A fault of child `s`, which holds twice its share (the evictor fell behind a child that
+    /// reads fast): a batch leaves first, on the handler.
+    pub(crate) fn make_room_in_child(&self, s: &Space) {
+        let share = self.child_share();
+        let holding = s.inner.lock().child.as_ref().map_or(0, ChildPages::holding);
+        if holding > 2 * share {
+            self.evict_child_batch(s, CHILD_SLOTS);
+        }
+    }
+
+    /// The evictor: every child holding more than its share gives its oldest pages back.
+    pub(crate) fn evict_children(&self) {
+        let children: Vec<Arc<Space>> = self.children.lock().clone();
+        let share = self.child_share();
+        for c in children {
+            while !self.stop.load(Relaxed) && !self.forking.load(Relaxed) {
+                let over = c
+                    .inner
+                    .lock()
+                    .child
+                    .as_ref()
+                    .map_or(0, |p| p.holding().saturating_sub(share));
+                if over == 0 || self.evict_child_batch(&c, over.min(CHILD_SLOTS)) == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One round trip with child `s`'s thread: up to `want` of its oldest mapped pages leave
+    /// it. Returns how many were stored.
+    fn evict_child_batch(&self, s: &Space, want: usize) -> usize {
+        // Held for the round trip: a grandchild's snapshot (on_fork takes it) never sees a
+        // page Staged by a child batch.
+        let _evicting = self.evict_lock.lock();
+        let mut link = s.link.lock();
+        let Some(l) = link.as_mut() else {
+            return 0;
+        };
+        if l.pid == 0 {
+            // The child's thread says who it is; reading its memory must be allowed (a child
+            // that is not dumpable, or a ptrace policy, refuses), else nothing is moved there.
+            let mut one = [0u8; 1];
+            match self.receive_reply(l.sock) {
+                Some(hello)
+                    if remote::read(hello.pid, &PROBE as *const u8 as usize, &mut one).is_ok() =>
+                {
+                    l.pid = hello.pid
+                }
+                _ => {
+                    *link = None;
+                    return 0;
+                }
+            }
+        }
+        let mut req = Request {
+            n: 0,
+            pages: [0; CHILD_SLOTS],
+        };
+        let mut victims = [0u32; CHILD_SLOTS];
+        let mut n = 0;
+        {
+            let mut g = s.inner.lock();
+            let inner = &mut *g;
+            let Some(c) = inner.child.as_mut() else {
+                return 0;
+            };
+            while n < want {
+                let Some(p) = c.mapped.pop_front() else {
+                    break;
+                };
+                if inner.state.get(p as usize) == Resident {
+                    // Staged in a child: a fault on it waits for this batch's wake-up, and a
+                    // program's madvise/munmap meanwhile turns it Absent (`forget`).
+                    inner.state.set(p as usize, Staged);
+                    victims[n] = p;
+                    req.pages[n] = s.page_addr(p as usize) as u64;
+                    n += 1;
+                }
+            }
+        }
+        if n == 0 {
+            return 0;
+        }
+        req.n = n as u64;
+        let reply = self.ask_child(l, &req);
+        let pid = l.pid;
+        if reply.is_none() {
+            *link = None; // the child is gone, or its thread is: no more eviction there
+        }
+        let mut page = [0u8; PAGE];
+        let mut stored = 0;
+        for (k, &v) in victims[..n].iter().enumerate() {
+            let addr = s.page_addr(v as usize);
+            let moved = reply.filter(|r| r.moved[k] == 0);
+            // The page sits in the child's staging page k: read it, store it.
+            let got = moved.map(|_| {
+                remote::read(pid, self.staging + (STAGING_SLOTS + k) * PAGE, &mut page)
+                    .map_err(|e| e.code())
+                    .and_then(|()| s.store.write(v as u64, &page).map_err(|_| libc::ENOSPC))
+            });
+            let mut inner = s.inner.lock();
+            let still = inner.state.get(v as usize) == Staged;
+            match got {
+                // Not moved (shared with a grandchild, or an event pending): still in place.
+                None => {
+                    if still {
+                        inner.state.set(v as usize, Resident);
+                    }
+                }
+                Some(Ok(())) if still => {
+                    inner.uncount_resident(v);
+                    inner.state.set(v as usize, Stored);
+                    stored += 1;
+                }
+                // Dropped by the program meanwhile: what we stored is stale.
+                Some(Ok(())) => {
+                    let _ = s.store.discard(v as u64);
+                }
+                // Moved, but unreadable or not storable: map it back from what we have, or
+                // poison it (never silent zeros).
+                Some(Err(e)) => {
+                    if still {
+                        let back = if e == libc::ENOSPC {
+                            s.uffd.copy(addr, page.as_ptr(), PAGE)
+                        } else {
+                            Err(Errno(e))
+                        };
+                        if back.is_ok() {
+                            inner.state.set(v as usize, Resident);
+                        } else {
+                            tracing::error!(
+                                "forked child: page {v} left its place and could not be kept \
+                                 ({}); it is poisoned",
+                                Errno(e)
+                            );
+                            inner.uncount_resident(v);
+                            inner.state.set(v as usize, Poisoned);
+                            let _ = s.uffd.poison(addr, PAGE);
+                        }
+                    }
+                }
+            }
+            drop(inner);
+            // A thread of the child that faulted on it meanwhile faults again and is served.
+            let _ = s.uffd.wake(addr, PAGE);
+        }
+        self.counters
+            .child_evictions
+            .fetch_add(stored as u64, Relaxed);
+        stored
+    }
+
+    /// Sends `req` and waits for the reply; None when the link is broken (or the region is
+    /// being dropped).
+    fn ask_child(&self, l: &ChildLink, req: &Request) -> Option<Reply> {
+        let fd = l.sock;
+        // SAFETY: sending a plain-old-data struct of ours.
+        let sent = unsafe {
+            libc::send(
+                fd,
+                (req as *const Request).cast(),
+                std::mem::size_of::<Request>(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent != std::mem::size_of::<Request>() as isize {
+            return None;
+        }
+        self.receive_reply(fd)
+    }
+
+    /// The child thread's next message; None when the link is broken (or the region is being
+    /// dropped).
+    fn receive_reply(&self, fd: RawFd) -> Option<Reply> {
+        loop {
+            let mut reply = Reply {
+                pid: 0,
+                moved: [0; CHILD_SLOTS],
+            };
+            // SAFETY: receiving into a plain-old-data struct of ours.
+            let got = unsafe {
+                libc::recv(
+                    fd,
+                    (&mut reply as *mut Reply).cast(),
+                    std::mem::size_of::<Reply>(),
+                    0,
+                )
+            };
+            if got == std::mem::size_of::<Reply>() as isize {
+                return Some(reply);
+            }
+            let e = Errno::last().code();
+            if got < 0 && (e == libc::EAGAIN || e == libc::EINTR) && !self.stop.load(Relaxed) {
+                continue; // a child that is stopped (SIGSTOP) answers when it continues
+            }
+            return None;
+        }
+    }
+}
+
+/// The thread a forked child runs for its parent's region: receives the child's userfaultfd,
+/// then moves pages into its staging pages on request. Touches no program memory; ends when
+/// the parent closes the link (the parent exited or dropped the region, or the child was not
+/// linked).
+fn child_thread(fd: RawFd, slots: usize) {
+    let Ok(uffd) = fds::recv_fd(fd) else {
+        close_raw(fd);
+        return;
+    };
+    // Protected and high, like every zmem descriptor: the program cannot close it under us.
+    let uffd = fds::move_high(uffd);
+    // SAFETY: the descriptor just received is ours alone.
+    let uffd = unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(uffd)) };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let hello = Reply {
+        pid,
+        moved: [0; CHILD_SLOTS],
+    };
+    if !send_reply(fd, &hello) {
+        drop(uffd);
+        close_raw(fd);
+        return;
+    }
+    loop {
+        let mut req = Request {
+            n: 0,
+            pages: [0; CHILD_SLOTS],
+        };
+        // SAFETY: receiving into a plain-old-data struct of ours.
+        let got = unsafe {
+            libc::recv(
+                fd,
+                (&mut req as *mut Request).cast(),
+                std::mem::size_of::<Request>(),
+                0,
+            )
+        };
+        if got != std::mem::size_of::<Request>() as isize {
+            if got < 0 && Errno::last().code() == libc::EINTR {
+                continue;
+            }
+            break;
+        }
+        // The previous batch was read by the parent: empty the staging pages.
+        uffd.clear_registered(slots, CHILD_SLOTS * PAGE);
+        let mut reply = Reply {
+            pid,
+            moved: [libc::EINVAL; CHILD_SLOTS],
+        };
+        let n = (req.n as usize).min(CHILD_SLOTS);
+        for k in 0..n {
+            let r = uffd.move_pages(slots + k * PAGE, req.pages[k] as usize, PAGE);
+            reply.moved[k] = r.map_or_else(|e| e.code(), |()| 0);
+        }
+        if !send_reply(fd, &reply) {
+            break;
+        }
+    }
+    drop(uffd);
+    close_raw(fd);
+}
+
+fn send_reply(fd: RawFd, reply: &Reply) -> bool {
+    // SAFETY: sending a plain-old-data struct of ours.
+    let sent = unsafe {
+        libc::send(
+            fd,
+            (reply as *const Reply).cast(),
+            std::mem::size_of::<Reply>(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    sent == std::mem::size_of::<Reply>() as isize
+}
+
+/// Closes one of zmem's protected descriptors (raw close(2), past the preload library).
+fn close_protected(fd: OwnedFd) {
+    close_raw(std::os::fd::IntoRawFd::into_raw_fd(fd));
+}
+
+fn close_raw(fd: RawFd) {
+    fds::unprotect(fd);
+    // SAFETY: a descriptor we own, closed once.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+}
