@@ -1,10 +1,12 @@
 //! The machinery behind a [`crate::Region`]: handler threads that read the userfaultfd and
 //! resolve faults themselves, an evictor that keeps the resident set under the budget, and the
-//! address spaces of forked children, which are served from a snapshot of the store.
+//! address spaces of forked children, which are served from a snapshot of the store (and
+//! evicted, past their share, through a thread of the child: `child`).
 //!
 //! This module holds the shared state and the handler loop that dispatches what it reads; the
 //! roles live next to it: `fault` (resolving a fault), `evict` (the evictor and eviction
-//! batches), `fork` (the fork hooks and the children's snapshots), `events` (the program's
+//! batches), `fork` (the fork hooks and the children's snapshots), `child` (eviction in a
+//! forked child), `events` (the program's
 //! remove, unmap and mremap), `state` (the page states and their transitions).
 //!
 //! Locks, always taken in this order: `evict_lock` (one eviction batch at a time), then a
