@@ -6,11 +6,12 @@
 //! This module holds the shared state and the handler loop that dispatches what it reads; the
 //! roles live next to it: `fault` (resolving a fault), `evict` (the evictor and eviction
 //! batches), `fork` (the fork hooks and the children's snapshots), `child` (eviction in a
-//! forked child), `events` (the program's
-//! remove, unmap and mremap), `state` (the page states and their transitions).
+//! forked child), `events` (the program's remove, unmap and mremap), `state` (the page states
+//! and their transitions).
 //!
 //! Locks, always taken in this order: `evict_lock` (one eviction batch at a time), then a
-//! space's `inner` (page states, policy). Neither is held across a blocking wait on the program.
+//! space's `inner` (page states, policy). Neither is held across a blocking wait on the program,
+//! except that a forked child's batch holds `evict_lock` until the child's thread answers.
 //! No thread of ours ever touches managed memory except through UFFDIO ioctls, and the one
 //! locked no-op write that unshares a page after fork (a present page: no userfault).
 
