@@ -8,34 +8,41 @@ use crate::Errno;
 /// Copies `buf.len()` bytes at `addr` in process (or thread) `pid` into `buf`. A short copy
 /// (part of the range is not mapped there) is EFAULT.
 pub fn read(pid: libc::pid_t, addr: usize, buf: &mut [u8]) -> Result<(), Errno> {
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: `local` covers `buf`, which is ours and writable; `remote` is only read by the
-    // kernel, in the other process, with its own checks.
-    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    finish(n, buf.len())
+    transfer(pid, addr, buf.as_mut_ptr(), buf.len(), false)
 }
 
 /// Copies `buf` to `addr` in process (or thread) `pid`. A short copy is EFAULT.
 pub fn write(pid: libc::pid_t, addr: usize, buf: &[u8]) -> Result<(), Errno> {
+    transfer(pid, addr, buf.as_ptr() as *mut u8, buf.len(), true)
+}
+
+/// One process_vm_readv (`to_remote` false: `local` is written) or process_vm_writev (`local`
+/// is only read) of `len` bytes.
+fn transfer(
+    pid: libc::pid_t,
+    addr: usize,
+    local: *mut u8,
+    len: usize,
+    to_remote: bool,
+) -> Result<(), Errno> {
     let local = libc::iovec {
-        iov_base: buf.as_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
+        iov_base: local.cast(),
+        iov_len: len,
     };
     let remote = libc::iovec {
         iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
+        iov_len: len,
     };
-    // SAFETY: `local` covers `buf`, which the kernel only reads; `remote` is the other
-    // process's memory, checked by the kernel.
-    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
-    finish(n, buf.len())
+    // SAFETY: `local` covers a buffer of the caller's that is valid for `len` bytes (writable
+    // for a read); the other process's memory is checked by the kernel.
+    let n = unsafe {
+        if to_remote {
+            libc::process_vm_writev(pid, &local, 1, &remote, 1, 0)
+        } else {
+            libc::process_vm_readv(pid, &local, 1, &remote, 1, 0)
+        }
+    };
+    finish(n, len)
 }
 
 fn finish(n: isize, len: usize) -> Result<(), Errno> {

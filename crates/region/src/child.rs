@@ -64,6 +64,16 @@ struct Reply {
     moved: [i32; CHILD_SLOTS],
 }
 
+impl Reply {
+    /// From `pid`, every page answered `each`.
+    fn new(pid: libc::pid_t, each: i32) -> Reply {
+        Reply {
+            pid,
+            moved: [each; CHILD_SLOTS],
+        }
+    }
+}
+
 /// What a child's space knows about the pages zmem mapped into it.
 pub(crate) struct ChildPages {
     /// Pages mapped into the child by its faults (copies, not zero pages), oldest first. An
@@ -331,47 +341,19 @@ impl Shared {
     /// Sends `req` and waits for the reply; None when the link is broken (or the region is
     /// being dropped).
     fn ask_child(&self, l: &ChildLink, req: &Request) -> Option<Reply> {
-        let fd = l.sock;
-        // SAFETY: sending a plain-old-data struct of ours.
-        let sent = unsafe {
-            libc::send(
-                fd,
-                (req as *const Request).cast(),
-                std::mem::size_of::<Request>(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if sent != std::mem::size_of::<Request>() as isize {
-            return None;
-        }
-        self.receive_reply(fd)
+        send_msg(l.sock, req).then(|| self.receive_reply(l.sock))?
     }
 
     /// The child thread's next message; None when the link is broken (or the region is being
     /// dropped).
     fn receive_reply(&self, fd: RawFd) -> Option<Reply> {
         loop {
-            let mut reply = Reply {
-                pid: 0,
-                moved: [0; CHILD_SLOTS],
-            };
-            // SAFETY: receiving into a plain-old-data struct of ours.
-            let got = unsafe {
-                libc::recv(
-                    fd,
-                    (&mut reply as *mut Reply).cast(),
-                    std::mem::size_of::<Reply>(),
-                    0,
-                )
-            };
-            if got == std::mem::size_of::<Reply>() as isize {
-                return Some(reply);
+            match recv_msg::<Reply>(fd) {
+                Ok(reply) => return Some(reply),
+                // A child that is stopped (SIGSTOP) answers when it continues.
+                Err(e) if e.code() == libc::EAGAIN && !self.stop.load(Relaxed) => continue,
+                Err(_) => return None,
             }
-            let e = Errno::last().code();
-            if got < 0 && (e == libc::EAGAIN || e == libc::EINTR) && !self.stop.load(Relaxed) {
-                continue; // a child that is stopped (SIGSTOP) answers when it continues
-            }
-            return None;
         }
     }
 }
@@ -391,47 +373,22 @@ fn child_thread(fd: RawFd, slots: usize) {
     let uffd = unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(uffd)) };
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
-    let hello = Reply {
-        pid,
-        moved: [0; CHILD_SLOTS],
-    };
-    if !send_reply(fd, &hello) {
+    if !send_msg(fd, &Reply::new(pid, 0)) {
         drop(uffd);
         close_raw(fd);
         return;
     }
-    loop {
-        let mut req = Request {
-            n: 0,
-            pages: [0; CHILD_SLOTS],
-        };
-        // SAFETY: receiving into a plain-old-data struct of ours.
-        let got = unsafe {
-            libc::recv(
-                fd,
-                (&mut req as *mut Request).cast(),
-                std::mem::size_of::<Request>(),
-                0,
-            )
-        };
-        if got != std::mem::size_of::<Request>() as isize {
-            if got < 0 && Errno::last().code() == libc::EINTR {
-                continue;
-            }
-            break;
-        }
+    // Until the link closes: the parent is gone or done with this child.
+    while let Ok(req) = recv_msg::<Request>(fd) {
         // The previous batch was read by the parent: empty the staging pages.
         uffd.clear_registered(slots, CHILD_SLOTS * PAGE);
-        let mut reply = Reply {
-            pid,
-            moved: [libc::EINVAL; CHILD_SLOTS],
-        };
+        let mut reply = Reply::new(pid, libc::EINVAL);
         let n = (req.n as usize).min(CHILD_SLOTS);
         for k in 0..n {
             let r = uffd.move_pages(slots + k * PAGE, req.pages[k] as usize, PAGE);
             reply.moved[k] = r.map_or_else(|e| e.code(), |()| 0);
         }
-        if !send_reply(fd, &reply) {
+        if !send_msg(fd, &reply) {
             break;
         }
     }
@@ -439,17 +396,32 @@ fn child_thread(fd: RawFd, slots: usize) {
     close_raw(fd);
 }
 
-fn send_reply(fd: RawFd, reply: &Reply) -> bool {
-    // SAFETY: sending a plain-old-data struct of ours.
-    let sent = unsafe {
-        libc::send(
-            fd,
-            (reply as *const Reply).cast(),
-            std::mem::size_of::<Reply>(),
-            libc::MSG_NOSIGNAL,
-        )
-    };
-    sent == std::mem::size_of::<Reply>() as isize
+/// Sends one message (a plain-old-data struct) on the link.
+fn send_msg<T: Copy>(fd: RawFd, msg: &T) -> bool {
+    let len = std::mem::size_of::<T>();
+    // SAFETY: the kernel reads `len` bytes of `msg`, a plain-old-data struct of ours.
+    let sent = unsafe { libc::send(fd, (msg as *const T).cast(), len, libc::MSG_NOSIGNAL) };
+    sent == len as isize
+}
+
+/// Receives one whole message of type `T`, retrying on EINTR. A closed link (or a message of
+/// another size) is ENOTCONN; a receive timeout is EAGAIN.
+fn recv_msg<T: Copy>(fd: RawFd) -> Result<T, Errno> {
+    let len = std::mem::size_of::<T>();
+    let mut msg = std::mem::MaybeUninit::<T>::zeroed();
+    loop {
+        // SAFETY: the kernel writes at most `len` bytes into `msg`, which has room for them.
+        let got = unsafe { libc::recv(fd, msg.as_mut_ptr().cast(), len, 0) };
+        if got == len as isize {
+            // SAFETY: fully written, and every bit pattern is a valid Request or Reply.
+            return Ok(unsafe { msg.assume_init() });
+        }
+        let e = Errno::last();
+        if got < 0 && e.code() == libc::EINTR {
+            continue;
+        }
+        return Err(if got < 0 { e } else { Errno(libc::ENOTCONN) });
+    }
 }
 
 /// Closes one of zmem's protected descriptors (raw close(2), past the preload library).
