@@ -1145,6 +1145,40 @@ fn a_shell_forks_hundreds_of_subshells() {
     assert_eq!(out.stdout.trim(), "sum 20100", "{}", tail(&out.stderr));
 }
 
+/// A program that daemonizes: fork, the parent ends at once (exit and _exit), the child goes on
+/// with the data. The child's evicted pages live in the parent's store; before the hand-off they
+/// read as zeros once the parent was gone (or the child waited forever on a fault).
+#[test]
+fn a_program_that_daemonizes_keeps_its_data() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("daemonize", dir.path(), &[]);
+    for how in ["exit", "_exit"] {
+        let out_file = dir.path().join(format!("{how}.out"));
+        let mut cmd = zmem_cmd(&["run", "--resident", "8M", "--quiet", "--"]);
+        cmd.arg(&prog).args(["48", how]).arg(&out_file);
+        // Not run_to_end: the Proc, once dropped, stops every descendant it saw (the daemon).
+        let mut p = Proc::start(cmd, dir.path(), how);
+        let status = p.wait_or_panic(Duration::from_secs(60));
+        assert_eq!(status.code(), Some(0), "{how}: {}", tail(&p.stderr_text()));
+        // The daemon outlives `zmem run`: wait for its verdict.
+        let t0 = Instant::now();
+        let verdict = loop {
+            match std::fs::read_to_string(&out_file) {
+                Ok(v) if v.ends_with('\n') => break v,
+                _ if t0.elapsed() > Duration::from_secs(60) => {
+                    panic!("{how}: the daemon said nothing in 60 s")
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        assert_eq!(verdict.trim(), "ok", "{how}: {}", tail(&p.stderr_text()));
+    }
+}
+
 const KEYS: usize = 40_000;
 
 #[test]

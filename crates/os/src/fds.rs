@@ -77,8 +77,12 @@ pub fn move_high(fd: OwnedFd) -> OwnedFd {
     // SAFETY: duplicating a descriptor we own.
     let moved = unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, high_base()) };
     let keep = if moved >= 0 {
+        // The old number may be protected already (moved twice): closed past the preload
+        // library's close, which would keep it open (a forked child's thread left its own
+        // userfaultfd open that way, and the child's faults then waited for nobody).
+        unprotect(raw);
         // SAFETY: closing our own old number; the duplicate holds the file.
-        unsafe { libc::close(raw) };
+        unsafe { libc::syscall(libc::SYS_close, raw) };
         moved
     } else {
         raw
@@ -203,6 +207,20 @@ mod tests {
         // SAFETY: F_GETFD only asks about the descriptor.
         let flags = unsafe { libc::fcntl(high, libc::F_GETFD) };
         assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        unprotect(high);
+    }
+
+    #[test]
+    fn moving_twice_closes_and_releases_the_middle_number() {
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        let first = move_high(OwnedFd::from(f));
+        let middle = std::os::fd::AsRawFd::as_raw_fd(&first);
+        let last = move_high(first);
+        let high = std::os::fd::AsRawFd::as_raw_fd(&last);
+        // Left protected, the preload library's close would have kept it open.
+        assert!(!is_protected(middle) && is_protected(high) && high != middle);
+        // SAFETY: F_GETFD only asks about the descriptor.
+        assert_eq!(unsafe { libc::fcntl(middle, libc::F_GETFD) }, -1);
         unprotect(high);
     }
 

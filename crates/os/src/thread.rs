@@ -29,17 +29,36 @@ pub fn run_start_hook() {
 /// `RUST_MIN_STACK` from the environment, which a program may have moved into its heap.
 pub const STACK_SIZE: usize = 2 << 20;
 
-/// Spawns a named zmem thread that runs the start hook before `f`.
+/// Every zmem thread's name starts with this. The start hook runs only after std's own start-up
+/// of the thread, which already mallocs (a thread-local destructor's registration); the name is
+/// set before that, so an embedder can tell zmem's threads by it from their first allocation on
+/// ([`is_zmem_thread`]).
+pub const NAME_PREFIX: &str = "zmem-";
+
+/// Spawns a named zmem thread (`name` starts with [`NAME_PREFIX`]) that runs the start hook
+/// before `f`.
 pub fn spawn<F, T>(name: String, f: F) -> io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    debug_assert!(name.starts_with(NAME_PREFIX), "zmem thread named {name}");
     let builder = std::thread::Builder::new().name(name);
     builder.stack_size(STACK_SIZE).spawn(move || {
         run_start_hook();
         f()
     })
+}
+
+/// Whether the calling thread is one zmem spawned: not the process's first thread, and named
+/// with [`NAME_PREFIX`]. Two system calls, no allocation: meant to be asked once per thread.
+pub fn is_zmem_thread() -> bool {
+    // SAFETY: gettid and getpid have no preconditions.
+    let main = unsafe { libc::gettid() == libc::getpid() };
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes (the name and its NUL) into `name`.
+    let r = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    !main && r == 0 && name.starts_with(NAME_PREFIX.as_bytes())
 }
 
 /// CPUs this thread may run on (its affinity mask); 1 if the kernel will not say. No file is
@@ -74,6 +93,15 @@ mod tests {
     static RAN: AtomicUsize = AtomicUsize::new(0);
     fn count() {
         RAN.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn zmem_threads_are_known_by_their_name() {
+        assert!(!super::is_zmem_thread(), "a test thread is not zmem's");
+        let t = super::spawn("zmem-test".into(), super::is_zmem_thread).unwrap();
+        assert!(t.join().unwrap());
+        let other = std::thread::Builder::new().name("zmemx".into());
+        assert!(!other.spawn(super::is_zmem_thread).unwrap().join().unwrap());
     }
 
     #[test]

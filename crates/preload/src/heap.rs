@@ -32,22 +32,40 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering:
 
 use crate::mi;
 
+/// Whether a thread is internal: not asked yet, the program's, zmem's (or starting zmem).
+const UNKNOWN: u8 = 0;
+const PROGRAM: u8 = 1;
+const ZMEM: u8 = 2;
+
 thread_local! {
-    /// True on zmem's threads and on a thread while it starts zmem.
-    static INTERNAL: Cell<bool> = const { Cell::new(false) };
+    /// ZMEM on zmem's threads and on a thread while it starts zmem.
+    static INTERNAL: Cell<u8> = const { Cell::new(UNKNOWN) };
 }
 
 /// Marks the calling thread as zmem's own: its mallocs use the internal heap from now on.
 pub fn mark_internal() {
-    INTERNAL.with(|c| c.set(true));
+    INTERNAL.with(|c| c.set(ZMEM));
 }
 
 pub fn set_internal(on: bool) -> bool {
-    INTERNAL.with(|c| c.replace(on))
+    let was = is_internal();
+    INTERNAL.with(|c| c.set(if on { ZMEM } else { PROGRAM }));
+    was
 }
 
+/// Asked on every allocation. A thread's first answer comes from its name: std mallocs on a new
+/// thread before the start hook marks it, and that first block landed in the program heap
+/// (found with a forked child whose parent had exited: its `zmem-child` thread waited forever
+/// on a program page only the parent could bring back).
 pub fn is_internal() -> bool {
-    INTERNAL.with(|c| c.get())
+    INTERNAL.with(|c| match c.get() {
+        UNKNOWN => {
+            let zmem = zmem_os::thread::is_zmem_thread();
+            c.set(if zmem { ZMEM } else { PROGRAM });
+            zmem
+        }
+        v => v == ZMEM,
+    })
 }
 
 /// Arena size the region is cut into.

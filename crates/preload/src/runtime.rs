@@ -269,7 +269,25 @@ fn sample_peak() {
     }
 }
 
+/// This process is ending: its forked children that still live get the pages of theirs that
+/// only this process's region holds, or they would read zeros there once it is gone (a program
+/// that daemonizes: fork, then the parent exits). Nothing to do in a forked child or a vfork
+/// child (not the creator).
+pub fn hand_off() {
+    let was = heap::set_internal(true);
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(rt) = runtime().filter(|_| in_creator()) {
+            let n = rt.region.hand_off_children();
+            if n > 0 {
+                tracing::debug!(pages = n, "pages handed to forked children");
+            }
+        }
+    });
+    heap::set_internal(was);
+}
+
 extern "C" fn at_exit(status: libc::c_int, _arg: *mut libc::c_void) {
+    hand_off();
     let was = heap::set_internal(true);
     let _ = std::panic::catch_unwind(|| {
         if !in_creator() {

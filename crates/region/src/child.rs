@@ -17,10 +17,17 @@
 //! Only pages zmem mapped are victims: a page present at the fork is shared copy-on-write with
 //! the parent and costs nothing extra. A raw fork(2) (no hooks) gets no link: its pages are
 //! served as before, never evicted.
+//!
+//! The link also outlives the parent's interest in eviction, for one more duty: a parent that
+//! goes away (exit, `_exit`, the region dropped) first hands each child every page only its
+//! store holds (`UFFDIO_COPY` works across address spaces) and says so; the child then runs on
+//! plain memory. A parent that vanishes without that (SIGKILL, a crash) takes such pages with
+//! it: the child's thread then stops the child with a message rather than let it read zeros
+//! where its data was.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +35,7 @@ use zmem_os::{fds, remote, Errno};
 
 use crate::config::PAGE;
 use crate::manager::{Shared, Space, STAGING_SLOTS};
-use crate::state::PageState::*;
+use crate::state::PageState::{self, *};
 use crate::uffd::Uffd;
 
 /// Pages a child's thread moves per request; its staging pages.
@@ -47,13 +54,21 @@ static PROBE: u8 = 0x5a;
 /// How long the parent waits for one reply before checking whether the region is going away.
 const REPLY_POLL: Duration = Duration::from_millis(100);
 
-/// Parent to child: move these pages (addresses) into staging pages 0..n.
+/// Parent to child: move these pages (addresses) into staging pages 0..n; or, with `n` one of
+/// the values below, a word about the child's pages.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Request {
     n: u64,
     pages: [u64; CHILD_SLOTS],
 }
+
+/// `Request::n`: `pages[0]` is how many of the child's pages only the parent's store held when
+/// the link was made (the first message after the child's userfaultfd).
+const HOLDS: u64 = u64::MAX - 1;
+/// `Request::n`: every page only the parent held is in the child now; the parent closes the
+/// link next, and that is no loss.
+const HANDED_OFF: u64 = u64::MAX;
 
 /// Child to parent: the child's pid (for process_vm_readv), and per page 0 (moved) or errno.
 /// The thread's first message, before any request, carries the pid only.
@@ -103,10 +118,26 @@ pub(crate) struct ChildLink {
     sock: RawFd,
     /// The child's pid, from its thread's first message; 0 until then.
     pid: libc::pid_t,
+    /// False once eviction there failed (no reply, reading refused). The link stays open even
+    /// then: its closing without a hand-off tells the child's thread that pages were lost.
+    evicts: bool,
 }
 
 impl Drop for ChildLink {
     fn drop(&mut self) {
+        // Unread messages (the hello, when no batch ever ran) would make the close reset the
+        // link: the child's thread would get ECONNRESET instead of what we sent last.
+        let mut sink = [0u8; std::mem::size_of::<Reply>()];
+        // SAFETY: receiving into our own buffer, without waiting.
+        while unsafe {
+            libc::recv(
+                self.sock,
+                sink.as_mut_ptr().cast(),
+                sink.len(),
+                libc::MSG_DONTWAIT,
+            )
+        } > 0
+        {}
         close_raw(self.sock); // the child's thread sees the link close and ends
     }
 }
@@ -119,6 +150,8 @@ impl Shared {
 
     /// Prepare hook (every thread of the region parked): a link for the child this fork makes.
     pub(crate) fn open_child_link(&self) {
+        let stored = self.root.store.stats().orig_data_size > 0;
+        self.stored_at_fork.store(stored, Relaxed);
         let pair = fds::seqpacket_pair().ok();
         let mut link = self.fork_link.lock();
         for old in [link.0.take(), link.1.take()].into_iter().flatten() {
@@ -147,21 +180,37 @@ impl Shared {
             return;
         };
         let slots = self.staging + STAGING_SLOTS * PAGE;
+        let owed = self.stored_at_fork.load(Relaxed);
         let raw = std::os::fd::IntoRawFd::into_raw_fd(b);
-        if zmem_os::thread::spawn("zmem-child".into(), move || child_thread(raw, slots)).is_err() {
+        let spawned =
+            zmem_os::thread::spawn("zmem-child".into(), move || child_thread(raw, slots, owed));
+        if spawned.is_err() {
             // The parent's requests then find the link closed: no eviction here.
             close_raw(raw);
         }
     }
 
-    /// After a FORK event: hands the child's userfaultfd to the child's thread, and returns
-    /// the link for the child's space (None: a raw fork, or the child is gone).
-    pub(crate) fn link_child(&self, parent: &Space, child_uffd: &Uffd) -> Option<ChildLink> {
+    /// After a FORK event: hands the child's userfaultfd to the child's thread, tells it how
+    /// many of its pages only our store holds (`stored`), and returns the link for the child's
+    /// space (None: a raw fork, or the child is gone).
+    pub(crate) fn link_child(
+        &self,
+        parent: &Space,
+        child_uffd: &Uffd,
+        stored: usize,
+    ) -> Option<ChildLink> {
         if !parent.is_root {
             return None; // a grandchild's fork ran in its parent, which has no hooks
         }
         let a = self.fork_link.lock().0.take()?;
-        if fds::send_fd(a.as_raw_fd(), child_uffd.raw()).is_err() {
+        let mut holds = Request {
+            n: HOLDS,
+            pages: [0; CHILD_SLOTS],
+        };
+        holds.pages[0] = stored as u64;
+        if fds::send_fd(a.as_raw_fd(), child_uffd.raw()).is_err()
+            || !send_msg(a.as_raw_fd(), &holds)
+        {
             close_protected(a);
             return None;
         }
@@ -182,6 +231,7 @@ impl Shared {
         Some(ChildLink {
             sock: std::os::fd::IntoRawFd::into_raw_fd(a),
             pid: 0,
+            evicts: true,
         })
     }
 
@@ -221,7 +271,7 @@ impl Shared {
         // page Staged by a child batch.
         let _evicting = self.evict_lock.lock();
         let mut link = s.link.lock();
-        let Some(l) = link.as_mut() else {
+        let Some(l) = link.as_mut().filter(|l| l.evicts) else {
             return 0;
         };
         if l.pid == 0 {
@@ -235,7 +285,7 @@ impl Shared {
                     l.pid = hello.pid
                 }
                 _ => {
-                    *link = None;
+                    l.evicts = false;
                     return 0;
                 }
             }
@@ -273,7 +323,7 @@ impl Shared {
         let reply = self.ask_child(l, &req);
         let pid = l.pid;
         if reply.is_none() {
-            *link = None; // the child is gone, or its thread is: no more eviction there
+            l.evicts = false; // the child is gone, or its thread is: no more eviction there
         }
         let mut page = [0u8; PAGE];
         let mut stored = 0;
@@ -306,6 +356,13 @@ impl Shared {
                 }
                 // Moved, but unreadable or not storable: map it back from what we have, or
                 // poison it (never silent zeros).
+                // The child is gone: nothing to keep.
+                Some(Err(libc::ESRCH)) => {
+                    if still {
+                        inner.uncount_resident(v);
+                        inner.state.set(v as usize, Absent);
+                    }
+                }
                 Some(Err(e)) => {
                     if still {
                         let back = if e == libc::ENOSPC {
@@ -338,6 +395,116 @@ impl Shared {
         stored
     }
 
+    /// This process is going away (exit, `_exit`) or dropping the region: every forked child
+    /// gets the pages only our store holds for it, mapped in place, and its thread is told, so
+    /// the child goes on with plain memory instead of reading zeros where its data was (a
+    /// program that daemonizes: fork, and the parent exits). Returns the pages handed over.
+    pub fn hand_off_children(&self) -> usize {
+        // The fork hooks wait for each fork to be served; a raw fork may still be unserved.
+        self.wait_fork_served();
+        self.reap_children();
+        let children: Vec<Arc<Space>> = self.children.lock().clone();
+        children.iter().map(|c| self.hand_off(c)).sum()
+    }
+
+    /// Waits (at most 10 s) until no fork is left unserved ([`Self::fork_pending`]): the kernel
+    /// may hand the FORK event to a handler after fork() returned in the parent (measured: a
+    /// parent calling _exit right after fork beat its handler to it in 4 runs of 6).
+    pub(crate) fn wait_fork_served(&self) {
+        let t0 = std::time::Instant::now();
+        while self.fork_pending()
+            && !self.stop.load(Relaxed)
+            && t0.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// Whether a fork is not served yet: its FORK event is being served, or its link is still
+    /// waiting for the event while the child holds the other end (a fork that failed, or a
+    /// child that exec'd or died, closed that end: nothing to wait for).
+    fn fork_pending(&self) -> bool {
+        if self.forks_unserved.load(Acquire) > 0 {
+            return true;
+        }
+        let link = self.fork_link.lock();
+        let Some(a) = link.0.as_ref() else {
+            return false;
+        };
+        let mut p = libc::pollfd {
+            fd: a.as_raw_fd(),
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; timeout 0 never blocks.
+        unsafe { libc::poll(&mut p, 1, 0) };
+        p.revents & (libc::POLLHUP | libc::POLLERR) == 0
+    }
+
+    fn hand_off(&self, s: &Space) -> usize {
+        // No child batch in flight: no page of this child is Staged.
+        let _evicting = self.evict_lock.lock();
+        let pages: Vec<(u32, PageState)> = s
+            .inner
+            .lock()
+            .state
+            .iter_touched()
+            .filter(|(_, st)| matches!(st, Stored | Poisoned))
+            .map(|(i, st)| (i as u32, st))
+            .collect();
+        let mut page = [0u8; PAGE];
+        let mut handed = 0;
+        for (i, was) in pages {
+            let addr = s.page_addr(i as usize);
+            if was == Poisoned {
+                // Poisoned when touched: the marker makes that hold without us.
+                let _ = retry_busy(|| s.uffd.poison(addr, PAGE));
+                continue;
+            }
+            {
+                let mut inner = s.inner.lock();
+                if inner.state.get(i as usize) != Stored {
+                    continue; // faulted in (or dropped) meanwhile
+                }
+                inner.state.set(i as usize, Faulting);
+            }
+            let mapped = match s.store.read(i as u64, &mut page) {
+                Ok(()) => retry_busy(|| s.uffd.copy(addr, page.as_ptr(), PAGE)),
+                Err(e) => {
+                    tracing::error!("forked child: page {i} cannot be read back: {e}");
+                    Err(Errno(libc::EIO))
+                }
+            };
+            let mut inner = s.inner.lock();
+            let now = match mapped {
+                Ok(()) => Resident,
+                Err(e) if e.code() == libc::ESRCH => Stored, // the child is gone
+                Err(_) if retry_busy(|| s.uffd.poison(addr, PAGE)).is_ok() => Poisoned,
+                Err(_) => Stored,
+            };
+            if inner.state.get(i as usize) == Faulting {
+                inner.state.set(i as usize, now);
+            }
+            drop(inner);
+            if now == Resident {
+                let _ = s.store.discard(i as u64);
+                handed += 1;
+            }
+            let _ = s.uffd.wake(addr, PAGE);
+            if mapped.is_err_and(|e| e.code() == libc::ESRCH) {
+                return handed;
+            }
+        }
+        if let Some(l) = s.link.lock().take() {
+            let done = Request {
+                n: HANDED_OFF,
+                pages: [0; CHILD_SLOTS],
+            };
+            send_msg(l.sock, &done);
+        }
+        handed
+    }
+
     /// Sends `req` and waits for the reply; None when the link is broken (or the region is
     /// being dropped).
     fn ask_child(&self, l: &ChildLink, req: &Request) -> Option<Reply> {
@@ -358,18 +525,37 @@ impl Shared {
     }
 }
 
+/// Runs `op` again while the kernel answers EAGAIN (an event of the child's, which a handler
+/// reads, is pending), for at most a few seconds.
+fn retry_busy(op: impl Fn() -> Result<(), Errno>) -> Result<(), Errno> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match op() {
+            Err(e) if e.code() == libc::EAGAIN && t0.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_micros(200))
+            }
+            r => return r,
+        }
+    }
+}
+
 /// The thread a forked child runs for its parent's region: receives the child's userfaultfd,
 /// then moves pages into its staging pages on request. Touches no program memory; ends when
-/// the parent closes the link (the parent exited or dropped the region, or the child was not
-/// linked).
-fn child_thread(fd: RawFd, slots: usize) {
+/// the parent closes the link (the parent handed everything over, or the child was not
+/// linked), or stops the child when the parent vanished holding some of its pages.
+/// `owed`: the parent's store held pages when it forked (some may be ours).
+fn child_thread(fd: RawFd, slots: usize, owed: bool) {
     let Ok(uffd) = fds::recv_fd(fd) else {
+        // The parent vanished before serving this fork.
         close_raw(fd);
+        if owed {
+            // SAFETY: getpid has no preconditions.
+            orphaned(unsafe { libc::getpid() });
+        }
         return;
     };
-    // Protected and high, like every zmem descriptor: the program cannot close it under us.
-    let uffd = fds::move_high(uffd);
-    // SAFETY: the descriptor just received is ours alone.
+    // SAFETY: the descriptor just received is ours alone (moved high and protected, like
+    // every zmem descriptor: the program cannot close it under us).
     let uffd = unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(uffd)) };
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
@@ -378,8 +564,23 @@ fn child_thread(fd: RawFd, slots: usize) {
         close_raw(fd);
         return;
     }
+    // Whether the parent's store holds pages of ours: from the start (known exactly once the
+    // parent says, below), or moved out since.
+    let mut owed = owed;
+    let mut handed_off = false;
     // Until the link closes: the parent is gone or done with this child.
     while let Ok(req) = recv_msg::<Request>(fd) {
+        match req.n {
+            HOLDS => {
+                owed = req.pages[0] > 0;
+                continue;
+            }
+            HANDED_OFF => {
+                handed_off = true;
+                break;
+            }
+            _ => {}
+        }
         // The previous batch was read by the parent: empty the staging pages.
         uffd.clear_registered(slots, CHILD_SLOTS * PAGE);
         let mut reply = Reply::new(pid, libc::EINVAL);
@@ -387,13 +588,34 @@ fn child_thread(fd: RawFd, slots: usize) {
         for k in 0..n {
             let r = uffd.move_pages(slots + k * PAGE, req.pages[k] as usize, PAGE);
             reply.moved[k] = r.map_or_else(|e| e.code(), |()| 0);
+            owed |= reply.moved[k] == 0;
         }
         if !send_msg(fd, &reply) {
             break;
         }
     }
+    if owed && !handed_off {
+        // Before the descriptor is dropped: until then the child's faults on lost pages wait
+        // (for nobody), after it they would read zeros.
+        orphaned(pid);
+    }
     drop(uffd);
     close_raw(fd);
+}
+
+/// The parent ended without handing this process its pages (killed, or crashed): they are
+/// gone, and the program would read zeros where its data was. It is stopped instead, with one
+/// line on stderr (formatted on this zmem thread, written with write(2)).
+fn orphaned(pid: libc::pid_t) {
+    let msg = format!(
+        "zmem: process {pid} stopped: the process it was forked from ended (killed?) while \
+         holding some of its memory compressed; those pages are lost\n"
+    );
+    // SAFETY: writing our own buffer to stderr, then ending this process.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::kill(pid, libc::SIGKILL);
+    }
 }
 
 /// Sends one message (a plain-old-data struct) on the link.
@@ -417,7 +639,9 @@ fn recv_msg<T: Copy>(fd: RawFd) -> Result<T, Errno> {
             return Ok(unsafe { msg.assume_init() });
         }
         let e = Errno::last();
-        if got < 0 && e.code() == libc::EINTR {
+        // ECONNRESET: the peer closed with a message of ours unread; it is reported once,
+        // before what the peer sent last, which is still there to read.
+        if got < 0 && (e.code() == libc::EINTR || e.code() == libc::ECONNRESET) {
             continue;
         }
         return Err(if got < 0 { e } else { Errno(libc::ENOTCONN) });

@@ -50,11 +50,17 @@ extern "C" fn atfork_prepare() {
 extern "C" fn atfork_parent() {
     REGISTRY.reset(); // taken by atfork_prepare
     let registry = REGISTRY.lock();
-    for s in registry.iter() {
-        if let Some(s) = s.upgrade() {
-            s.parent_side_of_link();
-            s.fork_gate_open();
-        }
+    let regions: Vec<Arc<Shared>> = registry.iter().filter_map(Weak::upgrade).collect();
+    for s in &regions {
+        s.parent_side_of_link();
+        s.fork_gate_open();
+    }
+    // The kernel may hand the FORK event to a handler only after fork() returned here. Until
+    // it is served, this fork's link waits in `fork_link`: a second fork would replace it (and
+    // the first child's descriptor would go to the second child's thread), and a parent that
+    // exits at once would leave the child unserved. So fork returns once its child is linked.
+    for s in &regions {
+        s.wait_fork_served();
     }
 }
 
@@ -130,6 +136,8 @@ impl Shared {
                     let n = s.uffd.read_msgs(msgs).unwrap_or(0);
                     for m in &msgs[..n] {
                         if m.event == uffd::EVENT_FORK {
+                            // Counted until served (hand_off_children waits for it).
+                            self.forks_unserved.fetch_add(1, AcqRel);
                             forks.push((s.clone(), m.arg0 as u32 as i32));
                         } else {
                             deferred.push((s.clone(), *m));
@@ -222,6 +230,7 @@ impl Shared {
         let mut state = StateTable::new(parent.pages);
         let mut page = vec![0u8; PAGE];
         let mut resident = 0;
+        let mut stored = 0;
         for (i, st) in inner.state.iter_touched() {
             match st {
                 // Faulting pages still have their store entry (discarded only after mapping).
@@ -229,6 +238,7 @@ impl Shared {
                     Ok(()) => {
                         store.write(i as u64, &page)?;
                         state.init(i, Stored);
+                        stored += 1;
                     }
                     // A page whose only copy is unreadable (corrupt, a failed SSD read) is lost
                     // for the child too: SIGBUS there when touched, like in the parent, and
@@ -246,6 +256,7 @@ impl Shared {
                     let src = unsafe { std::slice::from_raw_parts(slot as *const u8, PAGE) };
                     store.write(i as u64, src)?;
                     state.init(i, Stored);
+                    stored += 1;
                 }
                 // Present at fork time: the child has its own copy-on-write mapping.
                 Resident => {
@@ -260,7 +271,7 @@ impl Shared {
         // The child's resident pages are those present at fork (its copy-on-write mapping).
         mine.resident = resident;
         // Linked to a thread of the child, its pages can be evicted there.
-        let link = self.link_child(parent, &child_uffd);
+        let link = self.link_child(parent, &child_uffd, stored);
         if link.is_some() {
             mine.child = Some(crate::child::ChildPages::new());
         }

@@ -195,6 +195,8 @@ impl Region {
             root: Arc::new(root),
             children: Mutex::new(Vec::new()),
             fork_link: Mutex::new((None, None)),
+            stored_at_fork: AtomicBool::new(false),
+            forks_unserved: AtomicUsize::new(0),
             staging: staging.addr(),
             slots: slots::Slots::new(staging.addr()),
             budget_pages: AtomicUsize::new(budget_pages),
@@ -302,6 +304,17 @@ impl Region {
     fn in_creator(&self) -> bool {
         // SAFETY: getpid cannot fail.
         (unsafe { libc::getpid() } as u32) == self.shared().creator_pid
+    }
+
+    /// Before this process goes away (exit, `_exit`): maps into every forked child the pages
+    /// of its that only this process's store holds, so the child goes on with its data on
+    /// plain memory (a daemon's parent exits right after the fork). The region keeps working.
+    /// Returns the pages handed over; 0 in a forked child (its pages are its parent's to hand).
+    pub fn hand_off_children(&self) -> usize {
+        if !self.in_creator() {
+            return 0;
+        }
+        self.shared().hand_off_children()
     }
 
     pub fn stats(&self) -> RegionStats {
@@ -568,8 +581,11 @@ impl Drop for Region {
             std::mem::forget(shared);
             return;
         }
-        // No fork from stopping the threads until the descriptor is closed (fork::REGISTRY).
+        // No fork from here until the descriptor is closed (fork::REGISTRY).
         let registry = fork::REGISTRY.lock();
+        // Children still served by this region get their pages first (while the handlers
+        // run); under the lock, so that no child forked meanwhile is left without them.
+        shared.hand_off_children();
         shared.stop.store(true, Relaxed);
         let one: u64 = 1;
         // SAFETY: writing 8 bytes to our eventfd.

@@ -338,6 +338,12 @@ pub(crate) struct Shared {
     /// Made by the fork prepare hook: the parent's and the child's ends of the link to the
     /// forked child's thread (`child`).
     pub fork_link: Mutex<(Option<std::os::fd::OwnedFd>, Option<std::os::fd::OwnedFd>)>,
+    /// Whether the store held pages when the last fork was prepared: a child whose parent
+    /// vanishes before linking it may have lost pages (`child`).
+    pub stored_at_fork: AtomicBool,
+    /// FORK events read but not yet served (snapshot and link): a parent that exits right
+    /// after forking waits for them before handing its children their pages.
+    pub forks_unserved: AtomicUsize,
     pub staging: usize,
     /// The staging area's slots: empty, or holding a page already compressed.
     pub slots: crate::slots::Slots,
@@ -500,6 +506,8 @@ impl Shared {
                     // SAFETY: the kernel installed this descriptor for us in the FORK message.
                     let child = unsafe { Uffd::from_raw(fd) };
                     self.on_fork(&parent, child);
+                    self.forks_unserved
+                        .fetch_sub(1, std::sync::atomic::Ordering::Release);
                 }
                 continue;
             }

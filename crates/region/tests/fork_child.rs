@@ -99,3 +99,115 @@ fn rss_anon() -> Option<usize> {
         .fold(0usize, |n, &d| n * 10 + usize::from(d - b'0'));
     Some(kib * 1024)
 }
+
+/// Blocks until one byte arrives on `fd` (or it closes); no allocation (used in children).
+fn wait_byte(fd: i32) -> bool {
+    let mut b = 0u8;
+    // SAFETY: reading one byte into a local.
+    unsafe { libc::read(fd, (&mut b as *mut u8).cast(), 1) == 1 }
+}
+
+#[test]
+fn a_child_keeps_its_data_when_the_parent_drops_the_region() {
+    // A program that daemonizes: fork, then the parent goes away (here: drops the region,
+    // which exit and _exit do through the preload library's hooks). Before the hand-off the
+    // child's evicted pages read as zeros once the parent's descriptors closed.
+    let Some(r) = region(16 * MIB, 2 * MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 3);
+    }
+    assert!(r.stats().evictions as usize > pages / 2);
+    let mut go = [0i32; 2];
+    // SAFETY: a pipe into a local array.
+    assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
+    // SAFETY: the child only reads a pipe, touches memory and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = if !wait_byte(go[0]) {
+            20
+        } else if (0..pages).all(|i| matches(page_mut(&r, i), i, 3)) {
+            0
+        } else {
+            10
+        };
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    drop(r); // hands the child its pages first
+             // SAFETY: writing one byte to our pipe, closing our ends.
+    unsafe {
+        libc::write(go[1], b"g".as_ptr().cast(), 1);
+        libc::close(go[0]);
+        libc::close(go[1]);
+    }
+    wait_for_child(pid);
+}
+
+#[test]
+fn a_child_whose_parent_vanishes_is_stopped_rather_than_shown_zeros() {
+    // The parent (a process of its own here) is killed with SIGKILL while its child still
+    // has pages only in the parent's store: the child's thread stops the child. It must never
+    // get to report what it read (zeros where its data was).
+    let mut report = [0i32; 2];
+    // SAFETY: a pipe into a local array.
+    assert_eq!(unsafe { libc::pipe(report.as_mut_ptr()) }, 0);
+    // SAFETY: the middle process builds a region and forks; it ends by SIGKILL or _exit.
+    let middle = unsafe { libc::fork() };
+    assert!(middle >= 0);
+    if middle == 0 {
+        // SAFETY: closing our copy of the read end.
+        unsafe { libc::close(report[0]) };
+        let Some(r) = region(8 * MIB, MIB) else {
+            // SAFETY: leaving without destructors.
+            unsafe { libc::_exit(0) };
+        };
+        let pages = r.len() / PAGE;
+        for i in 0..pages {
+            fill(page_mut(&r, i), i, 5);
+        }
+        // SAFETY: as in the other tests' children.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: getppid cannot fail; waiting for the middle process to be gone.
+            let parent = unsafe { libc::getppid() };
+            while unsafe { libc::getppid() } == parent {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let ok = (0..pages).all(|i| matches(page_mut(&r, i), i, 5));
+            // SAFETY: writing one byte to the pipe, then leaving.
+            unsafe {
+                libc::write(report[1], if ok { b"y" } else { b"n" }.as_ptr().cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        // Once the child is linked (its thread has its userfaultfd), vanish.
+        let t0 = std::time::Instant::now();
+        while r.stats().forks == 0 && t0.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // SAFETY: ending this process abruptly, as a crash would.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+    // SAFETY: closing our copy of the write end; then reading what the grandchild says.
+    unsafe { libc::close(report[1]) };
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(middle, &mut status, 0) }, middle);
+    let mut said = 0u8;
+    // SAFETY: one byte into a local; EOF (0) once every writer is gone.
+    let n = unsafe { libc::read(report[0], (&mut said as *mut u8).cast(), 1) };
+    unsafe { libc::close(report[0]) };
+    if libc::WIFEXITED(status) {
+        return; // no userfaultfd here: nothing was tested
+    }
+    assert_eq!(
+        n, 0,
+        "the orphan read its memory and said {:?}",
+        said as char
+    );
+}
