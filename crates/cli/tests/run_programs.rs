@@ -1179,6 +1179,43 @@ fn a_program_that_daemonizes_keeps_its_data() {
     }
 }
 
+/// python's multiprocessing pool (fork) at a small budget: every fork snapshots the region,
+/// and dead workers' snapshots are freed. A handler that started threads itself (the
+/// snapshot's engine, a reaper) waited forever inside pthread_create on a page of the
+/// program heap (glibc reused a cached stack whose TLS array lived there); the pool's
+/// workers were then stopped as orphans and `map` failed.
+#[test]
+fn python_multiprocessing_pool() {
+    if !ready() {
+        return;
+    }
+    if installed("python3").is_none() {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let script = "import multiprocessing as mp\n\
+        data = [str(i) * 20 for i in range(300000)]\n\
+        def work(i):\n    return sum(len(s) for s in data[i::4])\n\
+        if __name__ == '__main__':\n\
+        \x20   mp.set_start_method('fork')\n\
+        \x20   for _ in range(3):\n\
+        \x20       with mp.Pool(4) as p:\n\
+        \x20           r = p.map(work, range(4))\n\
+        \x20   print(sum(r), sum(len(s) for s in data))\n";
+    let mut cmd = zmem_cmd(&["run", "--resident", "16M", "--quiet", "--"]);
+    cmd.args(["python3", "-c", script]);
+    let out = run_to_end(cmd, dir.path(), "mp", Duration::from_secs(240));
+    assert_eq!(out.code, Some(0), "{}", tail(&out.stderr));
+    assert_eq!(
+        out.stdout.trim(),
+        "33777800 33777800",
+        "{}",
+        tail(&out.stderr)
+    );
+}
+
 const KEYS: usize = 40_000;
 
 #[test]

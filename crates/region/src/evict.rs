@@ -770,6 +770,7 @@ impl Shared {
                 self.parked.fetch_sub(1, AcqRel);
                 continue;
             }
+            crate::manager::bury_dead_stores();
             if let Some(a) = adaptive.as_mut() {
                 self.adaptive_step(a, false);
             }

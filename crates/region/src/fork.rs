@@ -39,6 +39,7 @@ extern "C" fn atfork_prepare() {
     let registry = REGISTRY.lock();
     for s in registry.iter() {
         if let Some(s) = s.upgrade() {
+            s.prepare_spare_store();
             s.fork_gate_close();
             s.open_child_link();
         }
@@ -152,6 +153,18 @@ impl Shared {
         self.parked.fetch_sub(1, AcqRel);
     }
 
+    /// pthread_atfork prepare, on the forking thread while the handlers still serve: the
+    /// snapshot's store is made here, so that no handler starts its threads.
+    fn prepare_spare_store(&self) {
+        let mut spare = self.spare_store.lock();
+        if spare.is_none() {
+            match (self.store_factory)() {
+                Ok(s) => *spare = Some(s),
+                Err(e) => tracing::warn!("fork: no store for the child's snapshot yet: {e}"),
+            }
+        }
+    }
+
     /// pthread_atfork prepare: park every handler and the evictor (bounded wait).
     pub fn fork_gate_close(&self) {
         self.forking.store(true, Release);
@@ -226,7 +239,11 @@ impl Shared {
         inner: &SpaceInner,
         child_uffd: Uffd,
     ) -> Result<Space, RegionError> {
-        let store = (self.store_factory)()?;
+        let spare = self.spare_store.lock().take();
+        let store = match spare {
+            Some(s) => s,
+            None => (self.store_factory)()?, // a raw fork: no prepare hook ran
+        };
         let mut state = StateTable::new(parent.pages);
         let mut page = vec![0u8; PAGE];
         let mut resident = 0;

@@ -197,6 +197,7 @@ impl Region {
             fork_link: Mutex::new((None, None)),
             stored_at_fork: AtomicBool::new(false),
             forks_unserved: AtomicUsize::new(0),
+            spare_store: Mutex::new(None),
             staging: staging.addr(),
             slots: slots::Slots::new(staging.addr()),
             budget_pages: AtomicUsize::new(budget_pages),
@@ -623,6 +624,8 @@ impl Drop for Region {
                 libc::munmap(a as *mut _, b - a);
             }
         }
+        // The dead children's stores this region's evictor did not get to.
+        manager::bury_dead_stores();
     }
 }
 

@@ -256,22 +256,22 @@ impl Drop for Space {
         if self.is_root {
             return drop(store);
         }
-        // A child's store stops its worker threads when dropped, and with the preload library a
-        // worker may touch region memory as it exits (glibc's TLS destructor list lives in the
-        // program heap), which only a handler can serve; the last reference to a dead child's
-        // space is often a handler's. So it is dropped on a thread of its own; if no thread can
-        // be started, it is leaked rather than risk a deadlock.
-        // Passed as an address, so that a closure dropped unrun (spawn failed) leaks it.
-        let raw = Box::into_raw(Box::new(store)) as usize;
-        let reap = move || {
-            // SAFETY: the Box leaked above, taken back once, by this closure only.
-            drop(unsafe { Box::from_raw(raw as *mut Box<dyn BackingStore>) })
-        };
-        if let Err(e) = zmem_os::thread::spawn("zmem-reap".into(), reap) {
-            let e = zmem_os::errno::display(&e);
-            tracing::warn!("a dead child's snapshot is leaked (no thread to free it): {e}");
-        }
+        // A child's store stops its worker threads when dropped, which a handler must not wait
+        // for (an exiting thread may touch program memory that only a handler brings back), and
+        // the last reference to a dead child's space is often a handler's. So it goes to the
+        // graveyard, which the evictor (or the region's drop) empties, holding no lock.
+        GRAVEYARD.lock().push(store);
     }
+}
+
+/// Stores of dead children, waiting to be dropped off the handlers ([`bury_dead_stores`]).
+static GRAVEYARD: parking_lot::Mutex<Vec<Box<dyn BackingStore>>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// Drops the stores of dead children (never on a handler).
+pub(crate) fn bury_dead_stores() {
+    let dead = std::mem::take(&mut *GRAVEYARD.lock());
+    drop(dead);
 }
 
 impl Space {
@@ -344,6 +344,11 @@ pub(crate) struct Shared {
     /// FORK events read but not yet served (snapshot and link): a parent that exits right
     /// after forking waits for them before handing its children their pages.
     pub forks_unserved: AtomicUsize,
+    /// A store for the next fork's snapshot, made by the prepare hook: making one starts its
+    /// engine's threads, and a handler must never create a thread (glibc may reuse a cached
+    /// stack whose TLS array a program thread allocated in the program heap: found with python
+    /// multiprocessing, a handler waiting on its own fault inside pthread_create).
+    pub spare_store: Mutex<Option<Box<dyn BackingStore>>>,
     pub staging: usize,
     /// The staging area's slots: empty, or holding a page already compressed.
     pub slots: crate::slots::Slots,
