@@ -354,8 +354,6 @@ impl Shared {
                 Some(Ok(())) => {
                     let _ = s.store.discard(v as u64);
                 }
-                // Moved, but unreadable or not storable: map it back from what we have, or
-                // poison it (never silent zeros).
                 // The child is gone: nothing to keep.
                 Some(Err(libc::ESRCH)) => {
                     if still {
@@ -363,6 +361,8 @@ impl Shared {
                         inner.state.set(v as usize, Absent);
                     }
                 }
+                // Moved, but unreadable or not storable: map it back from what we have, or
+                // poison it (never silent zeros).
                 Some(Err(e)) => {
                     if still {
                         let back = if e == libc::ENOSPC {
