@@ -1179,6 +1179,44 @@ fn a_program_that_daemonizes_keeps_its_data() {
     }
 }
 
+/// A shell that starts a background subshell and then execs another program: the exec replaces
+/// the parent (its region, its threads) while the subshell still needs pages only the parent's
+/// store holds. The exec wrappers hand them over first; without that the subshell is stopped.
+#[test]
+fn a_shell_that_execs_keeps_its_background_subshell() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let out_file = dir.path().join("sub.out");
+    let script = format!(
+        "x=$(seq 1 2000000); (sleep 1; echo ${{#x}} $(echo \"$x\" | tail -1) > {}) & exec true",
+        out_file.display()
+    );
+    let mut cmd = zmem_cmd(&["run", "--resident", "8M", "--quiet", "--"]);
+    cmd.args(["bash", "-c", &script]);
+    // Not run_to_end: the Proc, once dropped, stops every descendant it saw (the subshell).
+    let mut p = Proc::start(cmd, dir.path(), "exec");
+    let status = p.wait_or_panic(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "{}", tail(&p.stderr_text()));
+    let t0 = Instant::now();
+    let said = loop {
+        match std::fs::read_to_string(&out_file) {
+            Ok(v) if v.ends_with('\n') => break v,
+            _ if t0.elapsed() > Duration::from_secs(60) => {
+                panic!(
+                    "the subshell said nothing in 60 s: {}",
+                    tail(&p.stderr_text())
+                )
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    // `seq 1 2000000` is 14,888,896 bytes; $(...) drops the last newline.
+    assert_eq!(said.trim(), "14888895 2000000");
+}
+
 /// python's multiprocessing pool (fork) at a small budget: every fork snapshots the region,
 /// and dead workers' snapshots are freed. A handler that started threads itself (the
 /// snapshot's engine, a reaper) waited forever inside pthread_create on a page of the

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
 use zmem_os::fds::{is_protected, protected_in};
 
 /// The next definition of `name` after this library's (glibc's), looked up once.
-fn next(cache: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
+pub(crate) fn next(cache: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     let mut f = cache.load(Acquire);
     if f.is_null() {
         // SAFETY: a lookup by a static name.

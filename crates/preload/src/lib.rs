@@ -17,6 +17,7 @@
 //! from an internal heap that is not in the region, so they never fault on memory they serve;
 //! fork is handled by the region (pthread_atfork + the userfaultfd FORK event).
 
+mod ends;
 mod fds;
 mod heap;
 mod jemalloc;
@@ -282,24 +283,4 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> 
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: i32) -> i32 {
     maps::mprotect(addr, len, prot)
-}
-
-// A process that ends hands its forked children the pages only it holds (runtime::hand_off):
-// `exit` through its on_exit hook, `_exit`/`_Exit` here (daemon(3) and os._exit end a parent
-// that way, bypassing exit's hooks).
-
-/// # Safety
-/// C's _exit.
-#[no_mangle]
-pub unsafe extern "C" fn _exit(status: i32) -> ! {
-    runtime::hand_off();
-    libc::syscall(libc::SYS_exit_group, status);
-    unreachable!("exit_group returned")
-}
-
-/// # Safety
-/// C's _Exit (the same call).
-#[no_mangle]
-pub unsafe extern "C" fn _Exit(status: i32) -> ! {
-    _exit(status)
 }

@@ -1,0 +1,89 @@
+//! How a process ends or replaces itself: `_exit`, `_Exit` and the `exec` family. Each first
+//! hands the process's forked children the pages of theirs that only its region holds
+//! (`runtime::hand_off`; `exit` does so through its on_exit hook): daemon(3) and python's
+//! `os._exit` end a parent with `_exit`, and a shell that starts a background subshell and then
+//! `exec`s its server replaces the parent, its region and its threads with it. Without the
+//! hand-off such a child is stopped (it would read zeros where its data was). The variadic
+//! `execl`, `execlp` and `execle` cannot be defined in stable Rust and are not covered.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::ptr::null_mut;
+use std::sync::atomic::AtomicPtr;
+
+use crate::fds::next;
+use crate::runtime;
+
+/// # Safety
+/// C's _exit.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    runtime::hand_off();
+    libc::syscall(libc::SYS_exit_group, status);
+    unreachable!("exit_group returned")
+}
+
+/// # Safety
+/// C's _Exit (the same call).
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    _exit(status)
+}
+
+type Argv = *const *const c_char;
+
+/// The C library's own `name` (looked up once into `cache`), or ENOSYS where it has none.
+macro_rules! forward {
+    ($cache:ident, $name:literal, fn($($a:ident: $t:ty),*)) => {{
+        static $cache: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+        let f = next(&$cache, $name);
+        if f.is_null() {
+            *libc::__errno_location() = libc::ENOSYS;
+            return -1;
+        }
+        runtime::hand_off();
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($t),*) -> c_int>(f)($($a),*)
+    }};
+}
+
+/// # Safety
+/// C's execve.
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
+    forward!(
+        F,
+        c"execve",
+        fn(path: *const c_char, argv: Argv, envp: Argv)
+    )
+}
+
+/// # Safety
+/// C's execv.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
+    forward!(F, c"execv", fn(path: *const c_char, argv: Argv))
+}
+
+/// # Safety
+/// C's execvp.
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
+    forward!(F, c"execvp", fn(file: *const c_char, argv: Argv))
+}
+
+/// # Safety
+/// glibc's execvpe.
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
+    forward!(
+        F,
+        c"execvpe",
+        fn(file: *const c_char, argv: Argv, envp: Argv)
+    )
+}
+
+/// # Safety
+/// C's fexecve.
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
+    forward!(F, c"fexecve", fn(fd: c_int, argv: Argv, envp: Argv))
+}
