@@ -1145,6 +1145,26 @@ fn a_shell_forks_hundreds_of_subshells() {
     assert_eq!(out.stdout.trim(), "sum 20100", "{}", tail(&out.stderr));
 }
 
+/// Runs `cmd` (a program whose forked child outlives it) to a successful end, then waits up to
+/// 60 s for the line the child writes into `out` once its parent is gone; returns it trimmed.
+/// Not run_to_end: the Proc, once dropped, stops every descendant it saw (that child).
+fn what_the_orphan_says(cmd: Command, dir: &Path, tag: &str, out: &Path) -> String {
+    let mut p = Proc::start(cmd, dir, tag);
+    let status = p.wait_or_panic(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "{tag}: {}", tail(&p.stderr_text()));
+    let t0 = Instant::now();
+    loop {
+        match std::fs::read_to_string(out) {
+            Ok(v) if v.ends_with('\n') => return v.trim().to_string(),
+            _ if t0.elapsed() > Duration::from_secs(60) => panic!(
+                "{tag}: the orphan said nothing in 60 s: {}",
+                tail(&p.stderr_text())
+            ),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
 /// A program that daemonizes: fork, the parent ends at once (exit and _exit), the child goes on
 /// with the data. The child's evicted pages live in the parent's store; before the hand-off they
 /// read as zeros once the parent was gone (or the child waited forever on a fault).
@@ -1160,22 +1180,8 @@ fn a_program_that_daemonizes_keeps_its_data() {
         let out_file = dir.path().join(format!("{how}.out"));
         let mut cmd = zmem_cmd(&["run", "--resident", "8M", "--quiet", "--"]);
         cmd.arg(&prog).args(["48", how]).arg(&out_file);
-        // Not run_to_end: the Proc, once dropped, stops every descendant it saw (the daemon).
-        let mut p = Proc::start(cmd, dir.path(), how);
-        let status = p.wait_or_panic(Duration::from_secs(60));
-        assert_eq!(status.code(), Some(0), "{how}: {}", tail(&p.stderr_text()));
-        // The daemon outlives `zmem run`: wait for its verdict.
-        let t0 = Instant::now();
-        let verdict = loop {
-            match std::fs::read_to_string(&out_file) {
-                Ok(v) if v.ends_with('\n') => break v,
-                _ if t0.elapsed() > Duration::from_secs(60) => {
-                    panic!("{how}: the daemon said nothing in 60 s")
-                }
-                _ => std::thread::sleep(Duration::from_millis(50)),
-            }
-        };
-        assert_eq!(verdict.trim(), "ok", "{how}: {}", tail(&p.stderr_text()));
+        let verdict = what_the_orphan_says(cmd, dir.path(), how, &out_file);
+        assert_eq!(verdict, "ok", "{how}");
     }
 }
 
@@ -1196,25 +1202,9 @@ fn a_shell_that_execs_keeps_its_background_subshell() {
     );
     let mut cmd = zmem_cmd(&["run", "--resident", "8M", "--quiet", "--"]);
     cmd.args(["bash", "-c", &script]);
-    // Not run_to_end: the Proc, once dropped, stops every descendant it saw (the subshell).
-    let mut p = Proc::start(cmd, dir.path(), "exec");
-    let status = p.wait_or_panic(Duration::from_secs(60));
-    assert_eq!(status.code(), Some(0), "{}", tail(&p.stderr_text()));
-    let t0 = Instant::now();
-    let said = loop {
-        match std::fs::read_to_string(&out_file) {
-            Ok(v) if v.ends_with('\n') => break v,
-            _ if t0.elapsed() > Duration::from_secs(60) => {
-                panic!(
-                    "the subshell said nothing in 60 s: {}",
-                    tail(&p.stderr_text())
-                )
-            }
-            _ => std::thread::sleep(Duration::from_millis(50)),
-        }
-    };
+    let said = what_the_orphan_says(cmd, dir.path(), "exec", &out_file);
     // `seq 1 2000000` is 14,888,896 bytes; $(...) drops the last newline.
-    assert_eq!(said.trim(), "14888895 2000000");
+    assert_eq!(said, "14888895 2000000");
 }
 
 /// python's multiprocessing pool (fork) at a small budget: every fork snapshots the region,
