@@ -67,6 +67,7 @@ extern "C" fn atfork_parent() {
 
 extern "C" fn atfork_child() {
     REGISTRY.reset();
+    crate::manager::forget_dead_stores_in_child();
     // The parent's descriptors are no use here: this process's region pages are served through
     // the descriptors the parent read from its FORK events. A copy left open would keep the
     // parent's userfaultfd alive after the parent closes it, and the parent's munmap of the

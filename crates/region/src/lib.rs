@@ -307,7 +307,7 @@ impl Region {
         (unsafe { libc::getpid() } as u32) == self.shared().creator_pid
     }
 
-    /// Before this process goes away (exit, `_exit`): maps into every forked child the pages
+    /// Before this process goes away (exit, `_exit`, exec): maps into every forked child the pages
     /// of its that only this process's store holds, so the child goes on with its data on
     /// plain memory (a daemon's parent exits right after the fork). The region keeps working.
     /// Returns the pages handed over; 0 in a forked child (its pages are its parent's to hand).

@@ -268,6 +268,21 @@ impl Drop for Space {
 static GRAVEYARD: parking_lot::Mutex<Vec<Box<dyn BackingStore>>> =
     parking_lot::Mutex::new(Vec::new());
 
+/// In a forked child: the parent's dead stores are not ours to drop (their threads are not
+/// here; joining them would wait forever if this process later made a region of its own). A
+/// lock left held by a thread of the parent has no owner here.
+pub(crate) fn forget_dead_stores_in_child() {
+    let mut g = match GRAVEYARD.try_lock() {
+        Some(g) => g,
+        None => {
+            // SAFETY: no thread of this process holds it: its holder was not forked.
+            unsafe { GRAVEYARD.force_unlock() };
+            GRAVEYARD.lock()
+        }
+    };
+    std::mem::forget(std::mem::take(&mut *g));
+}
+
 /// Drops the stores of dead children (never on a handler).
 pub(crate) fn bury_dead_stores() {
     let dead = std::mem::take(&mut *GRAVEYARD.lock());
