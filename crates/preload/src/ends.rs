@@ -37,7 +37,7 @@ macro_rules! forward {
         static $cache: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
         let f = next(&$cache, $name);
         if f.is_null() {
-            *libc::__errno_location() = libc::ENOSYS;
+            crate::set_errno(libc::ENOSYS);
             return -1;
         }
         runtime::hand_off();

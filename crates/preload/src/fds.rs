@@ -21,11 +21,6 @@ pub(crate) fn next(cache: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
     f
 }
 
-fn set_errno(e: c_int) {
-    // SAFETY: errno is thread local.
-    unsafe { *libc::__errno_location() = e };
-}
-
 unsafe fn real_close(fd: c_int) -> c_int {
     static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
     let f = next(&F, c"close");
@@ -95,7 +90,7 @@ fn refuse_dup_onto(newfd: c_int) -> c_int {
         // SAFETY: writing our own buffer to stderr.
         unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
     }
-    set_errno(libc::EBUSY);
+    crate::set_errno(libc::EBUSY);
     -1
 }
 

@@ -70,7 +70,8 @@ unsafe fn resize_aligned(p: *mut c_void, size: usize, align: usize) -> *mut c_vo
     heap::realloc(p, size, align)
 }
 
-fn set_errno(e: i32) {
+/// Sets the calling thread's errno (the interposed calls report errors as the C library does).
+pub(crate) fn set_errno(e: i32) {
     // SAFETY: errno is thread local.
     unsafe { *libc::__errno_location() = e };
 }

@@ -15,9 +15,7 @@ fn a_child_reading_the_whole_heap_stays_within_its_share() {
         return;
     };
     let pages = r.len() / PAGE;
-    for i in 0..pages {
-        fill(page_mut(&r, i), i, 7);
-    }
+    fill_all(&r, 7);
     assert!(r.stats().evictions as usize > pages / 2);
     // SAFETY: the child only touches memory, reads a /proc file and calls _exit (no allocation,
     // no locks).
@@ -116,9 +114,7 @@ fn a_child_keeps_its_data_when_the_parent_drops_the_region() {
         return;
     };
     let pages = r.len() / PAGE;
-    for i in 0..pages {
-        fill(page_mut(&r, i), i, 3);
-    }
+    fill_all(&r, 3);
     assert!(r.stats().evictions as usize > pages / 2);
     let mut go = [0i32; 2];
     // SAFETY: a pipe into a local array.
@@ -166,9 +162,7 @@ fn a_child_whose_parent_vanishes_is_stopped_rather_than_shown_zeros() {
             unsafe { libc::_exit(0) };
         };
         let pages = r.len() / PAGE;
-        for i in 0..pages {
-            fill(page_mut(&r, i), i, 5);
-        }
+        fill_all(&r, 5);
         // SAFETY: as in the other tests' children.
         let child = unsafe { libc::fork() };
         if child == 0 {

@@ -81,13 +81,18 @@ pub fn page_mut(r: &Region, idx: usize) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(r.as_ptr().add(idx * PAGE), PAGE) }
 }
 
+/// Writes every page of the region at `version`.
+pub fn fill_all(r: &Region, version: u64) {
+    for i in 0..r.len() / PAGE {
+        fill(page_mut(r, i), i, version);
+    }
+}
+
 /// Writes every page of the region at `version`, then reads them all back in reverse order
 /// (which faults the evicted ones in).
 pub fn fill_and_check_all(r: &Region, version: u64) {
     let pages = r.len() / PAGE;
-    for i in 0..pages {
-        fill(page_mut(r, i), i, version);
-    }
+    fill_all(r, version);
     for i in (0..pages).rev() {
         check(page_mut(r, i), i, version);
     }
