@@ -25,6 +25,40 @@ pub fn run_start_hook() {
     }
 }
 
+static HEAP_SWITCH: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Installs `switch`, which makes the calling thread's allocations zmem's own (`true`) or the
+/// program's (`false`) and returns the previous setting; used by [`as_zmem`].
+pub fn set_heap_switch(switch: fn(bool) -> bool) {
+    HEAP_SWITCH.store(switch as *mut (), Ordering::Release);
+}
+
+fn heap_switch(on: bool) -> bool {
+    let p = HEAP_SWITCH.load(Ordering::Acquire);
+    if p.is_null() {
+        return on;
+    }
+    // SAFETY: only ever set from a `fn(bool) -> bool` in set_heap_switch.
+    let switch: fn(bool) -> bool = unsafe { std::mem::transmute::<*mut (), fn(bool) -> bool>(p) };
+    switch(on)
+}
+
+/// Runs `f`, zmem code on one of the program's threads (the fork hooks), as if on a zmem
+/// thread: what it allocates (a snapshot's store, a thread's start-up data) is then read by
+/// zmem's threads, and in the program's compressed heap a handler could have to fault in the
+/// very page it needs itself (found as a fork that hung: the parent hook allocated on an
+/// evicted heap page while the handlers were still parked for the fork).
+pub fn as_zmem<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            heap_switch(self.0);
+        }
+    }
+    let _restore = Restore(heap_switch(true));
+    f()
+}
+
 /// Stack of zmem's threads (Rust's default). Given explicitly because otherwise std reads
 /// `RUST_MIN_STACK` from the environment, which a program may have moved into its heap.
 pub const STACK_SIZE: usize = 2 << 20;
@@ -102,6 +136,27 @@ mod tests {
         assert!(t.join().unwrap());
         let other = std::thread::Builder::new().name("zmemx".into());
         assert!(!other.spawn(super::is_zmem_thread).unwrap().join().unwrap());
+    }
+
+    thread_local! {
+        static ZMEM_HEAP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    fn switch(on: bool) -> bool {
+        ZMEM_HEAP.with(|c| c.replace(on))
+    }
+
+    #[test]
+    fn as_zmem_switches_the_heap_for_its_call_only() {
+        super::set_heap_switch(switch);
+        let inside = super::as_zmem(|| {
+            let nested = super::as_zmem(|| ZMEM_HEAP.with(|c| c.get()));
+            (ZMEM_HEAP.with(|c| c.get()), nested)
+        });
+        assert_eq!(inside, (true, true));
+        assert!(!ZMEM_HEAP.with(|c| c.get()), "restored after the call");
+        let unwound = std::panic::catch_unwind(|| super::as_zmem(|| panic!("in f")));
+        assert!(unwound.is_err());
+        assert!(!ZMEM_HEAP.with(|c| c.get()), "restored after a panic");
     }
 
     #[test]

@@ -146,6 +146,8 @@ fn init() -> Result<(), InitError> {
     rc.clean_copies = config.clean_copies;
     rc.store_limit = config.effective_store_limit();
     zmem_os::thread::set_start_hook(heap::mark_internal);
+    // zmem code on a program thread (the fork hooks) allocates from the internal heap too.
+    zmem_os::thread::set_heap_switch(heap::set_internal);
     // After the start hook: the log's collector is one of zmem's threads.
     let ssd = match &config.ssd {
         Some(path) => {

@@ -35,7 +35,24 @@ use crate::uffd::{self, Msg, Uffd};
 pub(crate) static REGISTRY: SpinLock<Vec<Weak<Shared>>> = SpinLock::new(Vec::new());
 static ATFORK: std::sync::Once = std::sync::Once::new();
 
+// The three hooks run on the forking thread, one of the program's: `as_zmem` keeps what they
+// allocate out of the program's compressed heap (see zmem_os::thread::as_zmem). The parent
+// hook allocates before it reopens the gate; on an evicted heap page it waited for handlers
+// that wait for it.
+
 extern "C" fn atfork_prepare() {
+    zmem_os::thread::as_zmem(prepare);
+}
+
+extern "C" fn atfork_parent() {
+    zmem_os::thread::as_zmem(parent);
+}
+
+extern "C" fn atfork_child() {
+    zmem_os::thread::as_zmem(child);
+}
+
+fn prepare() {
     let registry = REGISTRY.lock();
     for s in registry.iter() {
         if let Some(s) = s.upgrade() {
@@ -48,7 +65,7 @@ extern "C" fn atfork_prepare() {
     std::mem::forget(registry);
 }
 
-extern "C" fn atfork_parent() {
+fn parent() {
     REGISTRY.reset(); // taken by atfork_prepare
     let registry = REGISTRY.lock();
     let regions: Vec<Arc<Shared>> = registry.iter().filter_map(Weak::upgrade).collect();
@@ -65,7 +82,7 @@ extern "C" fn atfork_parent() {
     }
 }
 
-extern "C" fn atfork_child() {
+fn child() {
     REGISTRY.reset();
     crate::manager::forget_dead_stores_in_child();
     // The parent's descriptors are no use here: this process's region pages are served through
