@@ -62,6 +62,35 @@ impl CleanCopies {
     }
 }
 
+/// Who serves a fault on an evicted page (see the `signal` module).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FaultRoute {
+    /// The kernel queues the fault on the userfaultfd and a handler thread serves it, then
+    /// wakes the faulting thread. Serves every access, system calls included.
+    #[default]
+    Handler,
+    /// The faulting thread gets SIGBUS and serves the fault itself (no hand-off). A system
+    /// call that touches an evicted page fails with EFAULT instead of waiting, a thread that
+    /// blocks SIGBUS is killed, and a forked child's faults are not served: only for code
+    /// that touches the region from user mode alone, without fork.
+    Signal,
+}
+
+impl FaultRoute {
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultRoute::Handler => "handler",
+            FaultRoute::Signal => "signal",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<FaultRoute> {
+        [FaultRoute::Handler, FaultRoute::Signal]
+            .into_iter()
+            .find(|r| r.name() == s)
+    }
+}
+
 /// Settings of a region.
 #[derive(Clone, Debug)]
 pub struct RegionConfig {
@@ -111,6 +140,8 @@ pub struct RegionConfig {
     /// An SSD log below the store (needs `store_limit`): compressed pages that stay cold are
     /// written back to it as the store nears its limit, and read back from it on a fault.
     pub lower: Option<zmem_store::LowerConfig>,
+    /// Who serves faults (see [`FaultRoute`]; the handler thread by default).
+    pub fault_route: FaultRoute,
 }
 
 /// The default of [`RegionConfig::evict_group`] for a policy: 1 (each page alone) for every
@@ -184,6 +215,7 @@ impl RegionConfig {
             store_limit: None,
             evict_group: None,
             lower: None,
+            fault_route: FaultRoute::Handler,
         }
     }
 

@@ -25,6 +25,7 @@ mod fault;
 mod fork;
 mod manager;
 pub mod policy;
+mod signal;
 mod slots;
 mod state;
 mod stats;
@@ -50,10 +51,11 @@ use state::StateTable;
 pub use backing::{BackingStore, StoreFactory};
 pub use budget::{AdaptiveConfig, BudgetSample};
 pub use config::{
-    default_evict_group, default_ssd_store_limit, Budget, CleanCopies, RegionConfig,
+    default_evict_group, default_ssd_store_limit, Budget, CleanCopies, FaultRoute, RegionConfig,
     DEFAULT_SSD_SIZE, MIN_BUDGET_BYTES, MIN_BUDGET_PAGES, MIN_SSD_STORE_LIMIT, PAGE,
 };
 pub use error::RegionError;
+pub use signal::signal_faults_on_this_thread;
 /// Whether this machine can run regions: what `zmem doctor` asks.
 pub mod userfaultfd {
     pub use crate::uffd::{probe, OpenError, Opened, Probe, NEEDED, NEEDED_FEATURES};
@@ -71,6 +73,8 @@ pub struct Region {
     staging: usize,
     interval: Option<Duration>,
     history: Option<budget_loop::History>,
+    /// Listed for the SIGBUS handler (`FaultRoute::Signal`).
+    signal: Option<signal::Listed>,
 }
 
 // SAFETY: all shared state behind a Region is synchronised internally; the raw addresses are
@@ -119,7 +123,11 @@ impl Region {
             Budget::Adaptive(a) => Some(BudgetLoop::new(a.clone())),
         };
 
-        let (fd, _how) = uffd::Uffd::open(uffd::NEEDED).map_err(|e| match e {
+        let features = match cfg.fault_route {
+            FaultRoute::Handler => uffd::NEEDED,
+            FaultRoute::Signal => uffd::NEEDED | uffd::FEATURE_SIGBUS,
+        };
+        let (fd, _how) = uffd::Uffd::open(features).map_err(|e| match e {
             uffd::OpenError::Permission(source) => RegionError::Permission { source },
             uffd::OpenError::Absent(e) => RegionError::Unsupported {
                 feature: "userfaultfd",
@@ -253,6 +261,7 @@ impl Region {
             staging: staging.into_raw().0.as_ptr() as usize,
             interval,
             history,
+            signal: None,
         };
         if let Some(a) = adaptive.as_mut() {
             shared.adaptive_step(a, true);
@@ -276,7 +285,13 @@ impl Region {
             region_obj.threads.push(h);
             Ok(())
         };
-        let spawned = spawn();
+        let spawned = spawn().and_then(|()| {
+            if cfg.fault_route == FaultRoute::Signal {
+                let end = region_obj.base + region_obj.len;
+                region_obj.signal = Some(signal::list(region_obj.base, end, &shared)?);
+            }
+            Ok(())
+        });
         if spawned.is_ok() {
             fork::register_for_fork(&mut registry, &shared);
         }
@@ -595,6 +610,8 @@ impl Drop for Region {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // No thread touches the region any more: the SIGBUS handler lets it go.
+        self.signal.take();
         shared.colocation.release();
         let unmapped = shared.root.inner.lock().unmapped.clone();
         let ours = still_mapped(self.base, self.base + self.len, unmapped);

@@ -30,6 +30,8 @@ pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
 pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+/// A user-mode fault raises SIGBUS instead of a message (`FaultRoute::Signal`).
+pub const FEATURE_SIGBUS: u64 = 1 << 7;
 pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 pub const FEATURE_POISON: u64 = 1 << 14;
 pub const FEATURE_MOVE: u64 = 1 << 16;
@@ -436,6 +438,8 @@ fn feature_name(bits: u64) -> &'static str {
         "UFFD_FEATURE_EVENT_FORK"
     } else if bits & (FEATURE_EVENT_REMOVE | FEATURE_EVENT_UNMAP | FEATURE_EVENT_REMAP) != 0 {
         "the REMOVE/UNMAP/REMAP events"
+    } else if bits & FEATURE_SIGBUS != 0 {
+        "UFFD_FEATURE_SIGBUS"
     } else if bits & FEATURE_POISON != 0 {
         "UFFDIO_POISON (Linux 6.6 or later)"
     } else {

@@ -198,6 +198,8 @@ pub struct Usage {
     pub sys_s: f64,
     pub majflt: u64,
     pub minflt: u64,
+    /// Faults served by this thread's SIGBUS handler (`FaultRoute::Signal`; thread usage only).
+    pub signal_faults: u64,
 }
 
 /// getrusage(RUSAGE_SELF) (`thread == false`) or getrusage(RUSAGE_THREAD).
@@ -219,6 +221,11 @@ pub fn usage(thread: bool) -> Usage {
         sys_s: tv(ru.ru_stime),
         majflt: ru.ru_majflt as u64,
         minflt: ru.ru_minflt as u64,
+        signal_faults: if thread {
+            zmem_region::signal_faults_on_this_thread()
+        } else {
+            0
+        },
     }
 }
 
@@ -269,7 +276,9 @@ pub enum FaultCounter {
     /// Major faults: on the kernel side, a swap-in from zram.
     Major,
     /// Major and minor faults: a userfaultfd fault is counted as minor (Linux 6.x retries it
-    /// from the per-VMA-lock path without marking the retry, so it is not "major").
+    /// from the per-VMA-lock path without marking the retry, so it is not "major"); and the
+    /// faults the thread served itself on a region's signal route (the kernel counts a fault
+    /// that ends in SIGBUS as neither).
     Any,
 }
 
@@ -277,7 +286,7 @@ impl FaultCounter {
     fn of(self, u: &Usage) -> u64 {
         match self {
             FaultCounter::Major => u.majflt,
-            FaultCounter::Any => u.majflt + u.minflt,
+            FaultCounter::Any => u.majflt + u.minflt + u.signal_faults,
         }
     }
 }

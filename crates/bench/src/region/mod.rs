@@ -184,6 +184,10 @@ pub struct RegionArgs {
     /// default: those read back from an SSD log, none here) or all (RegionConfig::clean_copies).
     #[arg(long, default_value = "ssd", value_parser = ["off", "ssd", "all"])]
     pub clean_copies: String,
+    /// zmem region: who serves a fault: `handler` (a handler thread, the default) or
+    /// `signal` (the faulting thread, from SIGBUS: no hand-off; RegionConfig::fault_route).
+    #[arg(long, default_value = "handler", value_parser = ["handler", "signal"])]
+    pub fault_route: String,
     /// JSON output.
     #[arg(long, default_value = "bench-out/region.json")]
     pub json: PathBuf,

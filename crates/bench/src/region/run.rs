@@ -38,6 +38,7 @@ pub fn run_zmem(
     cfg.colocate = !args.no_colocate;
     cfg.async_settle = !args.no_async_settle;
     cfg.clean_copies = zmem_region::CleanCopies::parse(&args.clean_copies).unwrap_or_default();
+    cfg.fault_route = zmem_region::FaultRoute::parse(&args.fault_route).unwrap_or_default();
     let (fault_around, handler_threads) = (cfg.fault_around, cfg.handler_threads);
     let mut driver = Driver::new(w, corpus, &label, FaultCounter::Any);
     let region = Region::new(cfg).with_context(|| {
@@ -81,6 +82,7 @@ pub fn run_zmem(
         "colocate": !args.no_colocate,
         "async_settle": !args.no_async_settle,
         "clean_copies": args.clean_copies,
+        "fault_route": args.fault_route,
         "clean_evictions": d(s1.clean_evictions, s0.clean_evictions),
         "colocations": d(s1.colocations, s0.colocations),
         "budget": s1.budget,
