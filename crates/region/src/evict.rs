@@ -78,6 +78,27 @@ impl Shared {
         }
     }
 
+    /// The signal route's `evict_while_idle`: the thread that just served its own fault moves
+    /// a few pages out toward the low-water mark, from its own CPU (no TLB-flush IPI while the
+    /// evictor sleeps), and leaves their compression to the evictor. Also tells the evictor
+    /// that faults are coming (it moves pages itself only when they are quiet).
+    pub(crate) fn evict_after_own_fault(&self) {
+        *self.last_fault_at.lock() = Instant::now();
+        let resident = self.root.inner.lock().resident;
+        let low = self.low_water();
+        if resident <= low {
+            return;
+        }
+        let want = if self.run_pages.load(Relaxed) >= 2 {
+            RUN_PAGES
+        } else {
+            (resident - low).min(4)
+        };
+        if self.evict_async(want) > 0 {
+            self.repack();
+        }
+    }
+
     // ---------------------------------------------------------------- eviction
 
     /// Evicts up to `want` pages (one staging batch at most); returns how many left.

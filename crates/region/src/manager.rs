@@ -573,6 +573,15 @@ impl Shared {
         }
     }
 
+    /// A fault served since `t0`: its time goes to the latency histogram and the counters
+    /// (either route: a handler thread's, or the faulting thread's on the signal route).
+    pub(crate) fn count_served(&self, t0: Instant) {
+        let ns = t0.elapsed().as_nanos() as u64;
+        let _ = self.latency.lock().record(ns.max(1));
+        self.counters.handled_faults.fetch_add(1, Relaxed);
+        self.counters.handled_ns.fetch_add(ns, Relaxed);
+    }
+
     pub(crate) fn dispatch(self: &Arc<Self>, s: &Arc<Space>, m: &Msg, buf: &mut Vec<u8>) -> Served {
         match m.event {
             uffd::EVENT_PAGEFAULT => {
@@ -585,10 +594,7 @@ impl Shared {
                 *self.last_fault_at.lock() = t0;
                 let r = self.serve_fault(s, m.arg1 as usize & !(PAGE - 1), m.arg0, buf);
                 if let Served::Done = r {
-                    let ns = t0.elapsed().as_nanos() as u64;
-                    let _ = self.latency.lock().record(ns.max(1));
-                    self.counters.handled_faults.fetch_add(1, Relaxed);
-                    self.counters.handled_ns.fetch_add(ns, Relaxed);
+                    self.count_served(t0);
                 }
                 r
             }

@@ -18,6 +18,7 @@
 
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Once, OnceLock};
+use std::time::Instant;
 
 use crate::config::PAGE;
 use crate::error::RegionError;
@@ -175,10 +176,17 @@ fn serve(shared: &Arc<Shared>, page: usize) {
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         loop {
+            let t0 = Instant::now();
             // Served as a write: SIGBUS does not say, and a read would map the zero page,
             // which the next write faults again.
             match shared.serve_fault(&shared.root, page, uffd::PAGEFAULT_FLAG_WRITE, &mut buf) {
-                Served::Done => return,
+                Served::Done => {
+                    shared.count_served(t0);
+                    let t1 = Instant::now();
+                    shared.evict_after_own_fault();
+                    shared.counters.add_ns(&shared.counters.idle_evict_ns, t1);
+                    return;
+                }
                 // An event must be read first (the handler thread does): let it.
                 // SAFETY: sched_yield has no preconditions.
                 Served::Retry => unsafe {

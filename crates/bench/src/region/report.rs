@@ -89,7 +89,7 @@ pub fn side_table(results: &[SideResult], w: &Workload) -> String {
             2,
         ),
         (
-            "hand-off us/fault",
+            "hand-off (or signal) us/fault",
             |r| r.fault_breakdown.as_ref().and_then(|b| b.handoff_us),
             2,
         ),
