@@ -10,7 +10,8 @@
 //!   epoll_wait's array) does not wait for anyone: the system call fails with EFAULT;
 //! - a thread that blocks SIGBUS is killed by the kernel on such a fault (a synchronous signal
 //!   cannot be held);
-//! - a forked child's faults are not served (the child gets the default SIGBUS);
+//! - a forked child's faults are not served: its SIGBUS goes to the disposition found before
+//!   (by default it ends the child), never served from the parent's state;
 //! - a program that replaces the SIGBUS handler afterwards takes the faults away from it.
 //!
 //! The handler route keeps serving everything else: the region's events (remove, unmap,

@@ -1,6 +1,7 @@
 //! `FaultRoute::Signal`: faulting threads serve their own faults from a SIGBUS handler. Round
 //! trips against a model from several threads, the documented EFAULT of a system call into an
-//! evicted page, and a SIGBUS that is not a region's reaching the program's own handler.
+//! evicted page, a SIGBUS that is not a region's (or a forked child's) reaching the program's
+//! own handler.
 //! One process: the program's handler is installed before any region's (as a program's would
 //! be before zmem's library made its first region), once for every test here.
 
@@ -164,4 +165,50 @@ fn a_sigbus_that_is_not_a_regions_reaches_the_programs_handler() {
     // SAFETY: our mapping.
     unsafe { libc::munmap(p, PAGE) };
     let _ = std::fs::remove_file(&file);
+}
+
+/// A forked child's faults are not served on this route (the parent's store holds its pages):
+/// the child's SIGBUS goes to the disposition found before, here the program's handler (which
+/// maps a zero page); with none, the default action ends the child. Never the parent's handler
+/// serving the child's address space from the parent's state.
+#[test]
+fn a_forked_childs_fault_goes_to_the_programs_own_handler() {
+    let Some(r) = signal_region(32 * MIB, 2 * MIB) else {
+        return;
+    };
+    fill_all(&r, 1);
+    let last = r.len() / PAGE - 1;
+    // SAFETY: fork in a test; the child only reads region memory and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let before = PROGRAM_SIGBUS.load(SeqCst);
+        // The last page was written last (resident, copied by fork); page 0 was evicted.
+        let ok_last = matches(page_mut(&r, last), last, 1);
+        let zero_first = page_mut(&r, 0).iter().all(|&b| b == 0);
+        let forwarded = PROGRAM_SIGBUS.load(SeqCst) == before + 1;
+        let code = if !ok_last {
+            3
+        } else if !forwarded {
+            4
+        } else if !zero_first {
+            5
+        } else {
+            0
+        };
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status:#x} (exit 3: a resident page was wrong; 4: the fault did not reach \
+         the program's handler; 5: the program's page was not what its handler mapped)"
+    );
+    // The parent still has every page.
+    for idx in 0..r.len() / PAGE {
+        check(page_mut(&r, idx), idx, 1);
+    }
 }
