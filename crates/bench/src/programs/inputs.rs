@@ -66,9 +66,10 @@ fn version(bin: &Path) -> String {
             } else {
                 o.stdout
             };
+            // The first line that says something (perl's starts with an empty one).
             String::from_utf8_lossy(&text)
                 .lines()
-                .next()
+                .find(|l| !l.trim().is_empty())
                 .unwrap_or("")
                 .trim()
                 .to_string()
@@ -157,6 +158,33 @@ pub fn prepare(p: Program, bin: &Path, dir: &Path, scale: f64) -> anyhow::Result
                     bin_s,
                     f.display().to_string(),
                     scaled(250_000.0, scale).to_string(),
+                ],
+                f.clone(),
+            )
+        }
+        Program::Perl => {
+            let f = file("hashes.pl");
+            std::fs::write(&f, PERL_SCRIPT).with_context(|| format!("writing {}", f.display()))?;
+            // A fixed hash order, so that every run prints the same.
+            env.push(("PERL_HASH_SEED".into(), "0".into()));
+            env.push(("PERL_PERTURB_KEYS".into(), "0".into()));
+            (
+                vec![
+                    bin_s,
+                    f.display().to_string(),
+                    scaled(300_000.0, scale).to_string(),
+                ],
+                f.clone(),
+            )
+        }
+        Program::Node => {
+            let f = file("objects.js");
+            std::fs::write(&f, NODE_SCRIPT).with_context(|| format!("writing {}", f.display()))?;
+            (
+                vec![
+                    bin_s,
+                    f.display().to_string(),
+                    scaled(400_000.0, scale).to_string(),
                 ],
                 f.clone(),
             )
@@ -311,4 +339,46 @@ for k, v in d.items():
 print(len(d), tot, len(groups), sum(len(g) for g in groups.values()))
 for g in sorted(groups):
     print(g, len(groups[g]), sum(groups[g]) % 1000003)
+"#;
+
+/// Perl: a hash of `n` records (strings and array refs), walked twice, then grouped.
+const PERL_SCRIPT: &str = r#"use strict; use warnings;
+my $n = shift;
+my %h;
+for my $i (0 .. $n - 1) {
+    $h{"key$i"} = [$i, "" . ($i * 7919 % 100003), "v" x ($i % 40), [$i % 7, $i % 13]];
+}
+my $tot = 0;
+for my $k (sort keys %h) { $tot += $h{$k}[0] * $h{$k}[3][0]; }
+my %g;
+for my $k (keys %h) { push @{ $g{substr($h{$k}[1], 0, 3)} }, $h{$k}[0]; }
+my $m = 0; $m += scalar @{ $g{$_} } for keys %g;
+print scalar(keys %h), " $tot ", scalar(keys %g), " $m\n";
+for my $k (sort keys %g) { my $s = 0; $s += $_ for @{ $g{$k} }; print "$k ", scalar @{ $g{$k} }, " ", $s % 1000003, "\n"; }
+"#;
+
+/// node: `n` objects in a Map and an array (V8's heap: node maps it itself), walked, grouped
+/// and sorted.
+const NODE_SCRIPT: &str = r#"const n = parseInt(process.argv[2], 10);
+const m = new Map();
+const all = [];
+for (let i = 0; i < n; i++) {
+  const o = { id: i, name: 'n' + ((i * 2654435761) % 4294967296).toString(16), tags: [i % 7, i % 13], pad: 'x'.repeat(i % 50) };
+  m.set('key' + i, o);
+  all.push(o);
+}
+let tot = 0;
+for (const [k, o] of m) tot += o.id * o.tags[0];
+const groups = new Map();
+for (const o of all) {
+  const g = o.name.slice(0, 3);
+  if (!groups.has(g)) groups.set(g, []);
+  groups.get(g).push(o.id);
+}
+all.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : a.id - b.id));
+console.log(m.size, tot, groups.size, all[0].id, all[n - 1].id);
+for (const g of [...groups.keys()].sort()) {
+  const ids = groups.get(g);
+  console.log(g, ids.length, ids.reduce((s, x) => (s + x) % 1000003, 0));
+}
 "#;

@@ -47,16 +47,22 @@ pub enum Program {
     Gcc,
     /// python3 building and grouping a dict of ~250k entries (its own allocator, pymalloc).
     Python,
+    /// perl building, sorting and grouping a hash of ~300k records.
+    Perl,
+    /// node building, grouping and sorting ~400k objects (V8's heap, which node maps itself).
+    Node,
 }
 
 /// Every program, in the order of the report.
-pub const ALL: [Program; 6] = [
+pub const ALL: [Program; 8] = [
     Program::Sqlite,
     Program::Sort,
     Program::Jq,
     Program::Xz,
     Program::Gcc,
     Program::Python,
+    Program::Perl,
+    Program::Node,
 ];
 
 impl Program {
@@ -68,6 +74,8 @@ impl Program {
             Program::Xz => "xz",
             Program::Gcc => "gcc",
             Program::Python => "python",
+            Program::Perl => "perl",
+            Program::Node => "node",
         }
     }
 
@@ -80,6 +88,8 @@ impl Program {
             Program::Xz => "xz",
             Program::Gcc => "gcc",
             Program::Python => "python3",
+            Program::Perl => "perl",
+            Program::Node => "node",
         }
     }
 
@@ -92,6 +102,8 @@ impl Program {
             Program::Xz => "xz-utils",
             Program::Gcc => "gcc",
             Program::Python => "python3",
+            Program::Perl => "perl",
+            Program::Node => "nodejs",
         }
     }
 }
