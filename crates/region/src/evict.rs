@@ -47,26 +47,9 @@ impl Shared {
     /// soon as a message waits on any descriptor.
     pub(crate) fn evict_while_idle(self: &Arc<Self>, fds: &mut [libc::pollfd]) {
         for _ in 0..16 {
-            let resident = self.root.inner.lock().resident;
-            let low = self.low_water();
-            if resident <= low {
+            if !self.evict_step_toward_low_water() {
                 return;
             }
-            // While victims come in runs (pages faulted in one after the other), a batch of
-            // RUN_PAGES at once (a little below the mark): each run moves in one call. Else a
-            // few pages: a batch delays the next fault. Measured (`bench region --size 1G
-            // --resident 256M --pattern rand`, victims scattered): batches of 4 give fault p50
-            // 21.9 µs, p99 55.9, 18.2 µs/access; of 8: p50 8.3, p99 112, 15.9–16.2; of 16:
-            // p50 8.3, p99 193, 16.05. Kept at 4 for the tail (issue 11's p99 target).
-            let want = if self.run_pages.load(Relaxed) >= 2 {
-                RUN_PAGES
-            } else {
-                (resident - low).min(4)
-            };
-            if self.evict_async(want) == 0 {
-                return;
-            }
-            self.repack();
             for f in fds.iter_mut() {
                 f.revents = 0;
             }
@@ -84,19 +67,33 @@ impl Shared {
     /// that faults are coming (it moves pages itself only when they are quiet).
     pub(crate) fn evict_after_own_fault(&self) {
         *self.last_fault_at.lock() = Instant::now();
+        self.evict_step_toward_low_water();
+    }
+
+    /// One step of eviction between faults, while above the low-water mark: moves a few pages
+    /// out (`evict_async`). Whether any left.
+    fn evict_step_toward_low_water(&self) -> bool {
         let resident = self.root.inner.lock().resident;
         let low = self.low_water();
         if resident <= low {
-            return;
+            return false;
         }
+        // While victims come in runs (pages faulted in one after the other), a batch of
+        // RUN_PAGES at once (a little below the mark): each run moves in one call. Else a few
+        // pages: a batch delays the next fault. Measured (`bench region --size 1G --resident
+        // 256M --pattern rand`, victims scattered): batches of 4 give fault p50 21.9 µs, p99
+        // 55.9, 18.2 µs/access; of 8: p50 8.3, p99 112, 15.9–16.2; of 16: p50 8.3, p99 193,
+        // 16.05. Kept at 4 for the tail (issue 11's p99 target).
         let want = if self.run_pages.load(Relaxed) >= 2 {
             RUN_PAGES
         } else {
             (resident - low).min(4)
         };
-        if self.evict_async(want) > 0 {
-            self.repack();
+        if self.evict_async(want) == 0 {
+            return false;
         }
+        self.repack();
+        true
     }
 
     // ---------------------------------------------------------------- eviction

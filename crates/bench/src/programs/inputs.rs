@@ -146,49 +146,34 @@ pub fn prepare(p: Program, bin: &Path, dir: &Path, scale: f64) -> anyhow::Result
             )
         }
         Program::Python => {
-            let f = file("dicts.py");
-            std::fs::write(&f, PYTHON_SCRIPT)
-                .with_context(|| format!("writing {}", f.display()))?;
             // python's own allocator (pymalloc): its arenas are mmap'd, which zmem serves from
             // the map space like the heap.
             env.push(("PYTHONHASHSEED".into(), "0".into()));
             env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
-            (
-                vec![
-                    bin_s,
-                    f.display().to_string(),
-                    scaled(250_000.0, scale).to_string(),
-                ],
-                f.clone(),
-            )
+            script(
+                bin_s,
+                &file("dicts.py"),
+                PYTHON_SCRIPT,
+                scaled(250_000.0, scale),
+            )?
         }
         Program::Perl => {
-            let f = file("hashes.pl");
-            std::fs::write(&f, PERL_SCRIPT).with_context(|| format!("writing {}", f.display()))?;
             // A fixed hash order, so that every run prints the same.
             env.push(("PERL_HASH_SEED".into(), "0".into()));
             env.push(("PERL_PERTURB_KEYS".into(), "0".into()));
-            (
-                vec![
-                    bin_s,
-                    f.display().to_string(),
-                    scaled(300_000.0, scale).to_string(),
-                ],
-                f.clone(),
-            )
+            script(
+                bin_s,
+                &file("hashes.pl"),
+                PERL_SCRIPT,
+                scaled(300_000.0, scale),
+            )?
         }
-        Program::Node => {
-            let f = file("objects.js");
-            std::fs::write(&f, NODE_SCRIPT).with_context(|| format!("writing {}", f.display()))?;
-            (
-                vec![
-                    bin_s,
-                    f.display().to_string(),
-                    scaled(400_000.0, scale).to_string(),
-                ],
-                f.clone(),
-            )
-        }
+        Program::Node => script(
+            bin_s,
+            &file("objects.js"),
+            NODE_SCRIPT,
+            scaled(400_000.0, scale),
+        )?,
     };
     let input_bytes = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
     Ok(Job {
@@ -199,6 +184,15 @@ pub fn prepare(p: Program, bin: &Path, dir: &Path, scale: f64) -> anyhow::Result
         input_bytes,
         version: version(bin),
     })
+}
+
+/// Writes `text` into `f` and runs it as `bin f n`: the argv and the input file.
+fn script(bin: String, f: &Path, text: &str, n: u64) -> anyhow::Result<(Vec<String>, PathBuf)> {
+    std::fs::write(f, text).with_context(|| format!("writing {}", f.display()))?;
+    Ok((
+        vec![bin, f.display().to_string(), n.to_string()],
+        f.to_path_buf(),
+    ))
 }
 
 fn create(f: &Path) -> anyhow::Result<BufWriter<std::fs::File>> {
