@@ -1145,6 +1145,32 @@ fn a_shell_forks_hundreds_of_subshells() {
     assert_eq!(out.stdout.trim(), "sum 20100", "{}", tail(&out.stderr));
 }
 
+/// fork() when glibc's NSS state (kept in the program heap) was evicted: glibc locks it after
+/// the pthread_atfork prepare hooks, while zmem's handlers are parked for the fork. The forking
+/// thread waited for its page forever (hung in 2 of 3 runs of this program, and bash in CI).
+/// Each child checks every word of the data and asks NSS again.
+#[test]
+fn fork_after_glibcs_nss_state_was_evicted() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("fork_nss", dir.path(), &[]);
+    for run in 0..3 {
+        let mut cmd = zmem_cmd(&["run", "--resident", "4M", "--quiet", "--"]);
+        cmd.arg(&prog).args(["32", "3"]);
+        let tag = format!("fork_nss run {run}");
+        let out = run_to_end(cmd, dir.path(), &tag, Duration::from_secs(60));
+        assert_eq!(
+            (out.code, out.stdout.trim()),
+            (Some(0), "ok"),
+            "{tag}: {}",
+            tail(&out.stderr)
+        );
+    }
+}
+
 /// Runs `cmd` (a program whose forked child outlives it) to a successful end, then waits up to
 /// 60 s for the line the child writes into `out` once its parent is gone; returns it trimmed.
 /// Not run_to_end: the Proc, once dropped, stops every descendant it saw (that child).

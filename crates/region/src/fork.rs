@@ -129,7 +129,8 @@ impl Shared {
     /// handler blocked in malloc before reading the event would deadlock the fork. FORK events
     /// are stashed and snapshotted after the fork returns; faults and other events wait, in
     /// order, in `deferred` (reserved up front). No fault is resolved until the snapshot is
-    /// taken, so the child's view is the parent's memory at the fork.
+    /// taken, so the child's view is the parent's memory at the fork; only the forking thread's
+    /// own faults get their page mapped meanwhile (see `map_for_forking_thread`).
     pub(crate) fn fork_mode(
         &self,
         spaces: &[Arc<Space>],
@@ -137,7 +138,9 @@ impl Shared {
         msgs: &mut [Msg],
         deferred: &mut Vec<(Arc<Space>, Msg)>,
         forks: &mut Vec<(Arc<Space>, i32)>,
+        buf: &mut [u8],
     ) {
+        let forker = self.forking_tid.load(Relaxed);
         self.parked.fetch_add(1, AcqRel);
         while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
             for f in fds.iter_mut() {
@@ -159,6 +162,12 @@ impl Shared {
                             self.forks_unserved.fetch_add(1, AcqRel);
                             forks.push((s.clone(), m.arg0 as u32 as i32));
                         } else {
+                            if m.event == uffd::EVENT_PAGEFAULT
+                                && s.is_root
+                                && m.arg2 as u32 as i32 == forker
+                            {
+                                self.map_for_forking_thread(s, m.arg1 as usize, buf);
+                            }
                             deferred.push((s.clone(), *m));
                         }
                     }
@@ -169,6 +178,44 @@ impl Shared {
             }
         }
         self.parked.fetch_sub(1, AcqRel);
+    }
+
+    /// The forking thread faulted while the gate is closed: glibc's fork() reads its NSS state
+    /// (malloc'd, in the program heap) after the prepare hooks (__nss_database_fork_prepare_
+    /// parent), and hooks registered before ours run after it. Left waiting, that thread would
+    /// never fork and the handlers would wait for it forever (found in CI: bash under an 8M
+    /// budget, its NSS state's page evicted). Its page is mapped with its content and nothing
+    /// else changes: the message stays deferred, and after the fork the normal path finds the
+    /// page present (EEXIST) and does the bookkeeping. The snapshot, taken before that, still
+    /// sees the page evicted and gives the child the evicted content, which is right whether
+    /// the kernel copied the page tables before we mapped the page (the child has it and never
+    /// faults on it) or after (the child faults and reads what the page held at the fork).
+    /// Nothing is allocated or logged here but what a store read needs; any failure is left to
+    /// the normal path after the fork.
+    fn map_for_forking_thread(&self, s: &Space, addr: usize, buf: &mut [u8]) {
+        let Some(idx) = s.index_of(addr) else {
+            return;
+        };
+        // Every other thread of the region is parked, none holding this lock; the wait only
+        // guards against one that did not park in time.
+        let Some(inner) = s.inner.try_lock_for(Duration::from_millis(100)) else {
+            return;
+        };
+        let at = s.page_addr(idx);
+        let _ = match inner.state.get(idx) {
+            Stored => match s.store.read(idx as u64, &mut buf[..PAGE]) {
+                Ok(()) => s.uffd.copy(at, buf.as_ptr(), PAGE),
+                Err(_) => return,
+            },
+            Staged => match inner.staged.get(&(idx as u32)) {
+                // The slot holds the page until the state changes, which needs this lock.
+                Some(&slot) => s.uffd.copy(at, slot as *const u8, PAGE),
+                None => return,
+            },
+            // Never touched, or dropped behind our back: zeros, as anonymous memory reads.
+            Absent | Resident => s.uffd.copy(at, self.zero_page.as_ptr(), PAGE),
+            Faulting | Poisoned | Unmapped => return,
+        };
     }
 
     /// pthread_atfork prepare, on the forking thread while the handlers still serve: the
@@ -185,6 +232,8 @@ impl Shared {
 
     /// pthread_atfork prepare: park every handler and the evictor (bounded wait).
     pub fn fork_gate_close(&self) {
+        // SAFETY: gettid has no preconditions.
+        self.forking_tid.store(unsafe { libc::gettid() }, Relaxed);
         self.forking.store(true, Release);
         let one: u64 = 1;
         // SAFETY: writing 8 bytes to our eventfd.

@@ -233,6 +233,7 @@ impl Region {
             zero_page: vec![0u8; PAGE].into_boxed_slice(),
             last_fault_at: Mutex::new(std::time::Instant::now()),
             forking: AtomicBool::new(false),
+            forking_tid: std::sync::atomic::AtomicI32::new(0),
             store_full: AtomicBool::new(false),
             held_warned: AtomicBool::new(false),
             incompressible_said: AtomicBool::new(false),

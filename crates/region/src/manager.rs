@@ -402,6 +402,9 @@ pub(crate) struct Shared {
     pub last_fault_at: Mutex<Instant>,
     /// Set between the pthread_atfork prepare and parent hooks.
     pub forking: AtomicBool,
+    /// The thread that forks (set before `forking`): its own faults are mapped while the
+    /// handlers are parked (see `map_for_forking_thread`).
+    pub forking_tid: std::sync::atomic::AtomicI32,
     /// The store refused a page since the last one it took (warned once per episode).
     pub store_full: AtomicBool,
     /// Whether the first page held back (UFFDIO_MOVE: EINVAL) was logged.
@@ -521,7 +524,14 @@ impl Shared {
                 lost_descriptor(self.root.uffd.raw());
             }
             if self.forking.load(Acquire) {
-                self.fork_mode(&spaces, &mut fds, &mut msgs, &mut deferred, &mut forks);
+                self.fork_mode(
+                    &spaces,
+                    &mut fds,
+                    &mut msgs,
+                    &mut deferred,
+                    &mut forks,
+                    &mut buf,
+                );
                 for (parent, fd) in forks.drain(..) {
                     // SAFETY: the kernel installed this descriptor for us in the FORK message.
                     let child = unsafe { Uffd::from_raw(fd) };
