@@ -106,17 +106,24 @@ impl Drop for Mapping {
     }
 }
 
-/// Which pages of `[ptr, ptr + len)` are mapped now (mincore): one bool per page from the page
-/// holding `ptr`. Memory never touched is not: walking it with reads would map (and fault)
-/// every page of a lazily allocated table. None if the kernel refuses (then assume all are).
-pub fn pages_in_core(ptr: *const u8, len: usize) -> Option<Vec<bool>> {
+/// Which pages of `[ptr, ptr + len)` are mapped now (mincore): the indices of those pages,
+/// counted from the page holding `ptr`. Memory never touched is not: walking it with reads
+/// would map (and fault) every page of a lazily allocated table. None if the kernel refuses
+/// (then assume all are).
+pub fn pages_in_core(ptr: *const u8, len: usize) -> Option<Vec<usize>> {
     let start = ptr as usize & !(crate::PAGE_SIZE - 1);
     let end = (ptr as usize + len).div_ceil(crate::PAGE_SIZE) * crate::PAGE_SIZE;
     let pages = (end - start) / crate::PAGE_SIZE;
     let mut v = vec![0u8; pages];
     // SAFETY: `v` has one byte per page of the range, which lies in our own mapping.
     let r = unsafe { libc::mincore(start as *mut libc::c_void, end - start, v.as_mut_ptr()) };
-    (r == 0).then(|| v.into_iter().map(|b| b & 1 != 0).collect())
+    (r == 0).then(|| {
+        v.iter()
+            .enumerate()
+            .filter(|&(_, &b)| b & 1 != 0)
+            .map(|(i, _)| i)
+            .collect()
+    })
 }
 
 #[cfg(test)]
@@ -170,9 +177,10 @@ mod tests {
             *m.as_ptr() = 1;
             *m.as_ptr().add(10 * crate::PAGE_SIZE + 5) = 1;
         }
-        let v = pages_in_core(m.as_ptr(), m.len()).expect("mincore");
-        assert_eq!(v.len(), 64);
-        let touched: Vec<usize> = (0..64).filter(|&i| v[i]).collect();
-        assert_eq!(touched, vec![0, 10]);
+        assert_eq!(pages_in_core(m.as_ptr(), m.len()), Some(vec![0, 10]));
+        // From the page holding an unaligned start.
+        // SAFETY: inside the mapping.
+        let inner = unsafe { m.as_ptr().add(9 * crate::PAGE_SIZE + 100) };
+        assert_eq!(pages_in_core(inner, 2 * crate::PAGE_SIZE), Some(vec![1]));
     }
 }

@@ -777,6 +777,16 @@ impl Shared {
         }
     }
 
+    /// The evictor waits up to `d`, or until kicked (a fork's prepare hook kicks it, so that
+    /// it parks at once instead of after its nap: a fork waited up to 5 ms for it).
+    fn evictor_nap(&self, d: Duration) {
+        let mut g = self.evictor_mutex.lock();
+        if !*g {
+            self.evictor_wake.wait_for(&mut g, d);
+        }
+        *g = false;
+    }
+
     pub fn evictor_loop(&self, adaptive: Option<BudgetLoop>) {
         let mut adaptive = adaptive;
         let mut last_reap = Instant::now();
@@ -788,7 +798,7 @@ impl Shared {
         }
         while !self.stop.load(Relaxed) {
             if self.forking.load(Acquire) {
-                self.parked.fetch_add(1, AcqRel);
+                self.park_for_fork();
                 while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
                     std::thread::sleep(Duration::from_micros(200));
                 }
@@ -818,20 +828,13 @@ impl Shared {
             if (quiet || !self.async_settle) && resident > low {
                 if self.evict(resident - low) == 0 {
                     let full = self.store_full.load(Relaxed);
-                    std::thread::sleep(Duration::from_millis(if full { 20 } else { 1 }));
+                    self.evictor_nap(Duration::from_millis(if full { 20 } else { 1 }));
                 }
                 self.repack();
                 continue;
             }
             self.evict_children();
-            {
-                let mut g = self.evictor_mutex.lock();
-                if !*g {
-                    self.evictor_wake
-                        .wait_for(&mut g, Duration::from_millis(50));
-                }
-                *g = false;
-            }
+            self.evictor_nap(Duration::from_millis(50));
             if !self.put_backs.lock().is_empty() {
                 let _g = self.evict_lock.lock();
                 self.retry_put_backs();

@@ -141,7 +141,7 @@ impl Shared {
         buf: &mut [u8],
     ) {
         let forker = self.forking_tid.load(Relaxed);
-        self.parked.fetch_add(1, AcqRel);
+        self.park_for_fork();
         while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
             for f in fds.iter_mut() {
                 f.revents = 0;
@@ -218,6 +218,14 @@ impl Shared {
         };
     }
 
+    /// A thread of the region stops for a fork: counted, and the forking thread (waiting in
+    /// `fork_gate_close`) is woken. Allocates nothing.
+    pub(crate) fn park_for_fork(&self) {
+        self.parked.fetch_add(1, AcqRel);
+        let _g = self.park_lock.lock();
+        self.park_wake.notify_all();
+    }
+
     /// pthread_atfork prepare, on the forking thread while the handlers still serve: the
     /// snapshot's store is made here, so that no handler starts its threads.
     fn prepare_spare_store(&self) {
@@ -239,10 +247,15 @@ impl Shared {
         // SAFETY: writing 8 bytes to our eventfd.
         unsafe { libc::write(self.gate_fd, (&one as *const u64).cast(), 8) };
         self.kick_evictor();
-        let t0 = Instant::now();
-        while self.parked.load(Acquire) < self.workers && t0.elapsed() < Duration::from_secs(2) {
-            std::thread::yield_now();
+        // Woken by the last thread to park (a loop of sched_yield here gave the CPU away for a
+        // whole time slice at a time: 4-5 ms per fork). Bounded: a thread that does not park
+        // in time (busy in a long eviction) is not waited for.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut g = self.park_lock.lock();
+        while self.parked.load(Acquire) < self.workers && Instant::now() < deadline {
+            self.park_wake.wait_until(&mut g, deadline);
         }
+        drop(g);
         let mut v = 0u64;
         // SAFETY: draining our eventfd (non-blocking).
         unsafe { libc::read(self.gate_fd, (&mut v as *mut u64).cast(), 8) };
@@ -270,9 +283,13 @@ impl Shared {
         close(self.gate_fd);
     }
 
-    /// pthread_atfork parent: let them go.
+    /// pthread_atfork parent: let them go, and wake the handlers now rather than at their
+    /// next poll timeout (5 ms, which every fork paid while `wait_fork_served` waited for them).
     pub fn fork_gate_open(&self) {
         self.forking.store(false, Release);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(self.gate_fd, (&one as *const u64).cast(), 8) };
     }
 
     /// snapshot of this space's store, so each process's later writes stay its own.

@@ -241,6 +241,8 @@ impl Region {
             store_full_said_ms: AtomicU64::new(0),
             enomem_streak: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
+            park_lock: Mutex::new(()),
+            park_wake: parking_lot::Condvar::new(),
             workers: cfg.handler_threads + 1,
             gate_fd,
             spin: if zmem_os::thread::cpus_available() > 1 {

@@ -418,8 +418,11 @@ pub(crate) struct Shared {
     pub store_full_said_ms: AtomicU64,
     /// Consecutive faults the kernel refused memory for (ENOMEM); see `fault::OOM_STREAK`.
     pub enomem_streak: AtomicU64,
-    /// Threads of this region parked for a fork; `workers` is how many there are.
+    /// Threads of this region parked for a fork; `workers` is how many there are. The last to
+    /// park wakes the forking thread through `park_wake` (see `Shared::park_for_fork`).
     pub parked: AtomicUsize,
+    pub park_lock: Mutex<()>,
+    pub park_wake: parking_lot::Condvar,
     pub workers: usize,
     pub gate_fd: i32,
     /// How long a handler polls without sleeping while faults come fast (see
@@ -522,6 +525,13 @@ impl Shared {
             }
             if fds[2].revents & libc::POLLNVAL != 0 {
                 lost_descriptor(self.root.uffd.raw());
+            }
+            if fds[1].revents & libc::POLLIN != 0 && !self.forking.load(Acquire) {
+                // The gate reopened (fork_gate_open wakes the handlers with it): drained here,
+                // and `forking` is read again below, so a fork that began meanwhile is seen.
+                let mut v = 0u64;
+                // SAFETY: draining our non-blocking eventfd.
+                unsafe { libc::read(self.gate_fd, (&mut v as *mut u64).cast(), 8) };
             }
             if self.forking.load(Acquire) {
                 self.fork_mode(
