@@ -142,12 +142,21 @@ impl Shared {
     ) {
         let forker = self.forking_tid.load(Relaxed);
         self.park_for_fork();
+        // The gate's eventfd stays readable until the forking thread drains it after everyone
+        // parked: polled here, it made this loop spin, and the forking thread, woken on the
+        // same CPU, waited a whole time slice (4 ms per fork). Nothing tells the handler when
+        // the gate reopens, so it looks every 100 µs.
+        fds[1].events = 0;
+        let nap = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000,
+        };
         while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
             for f in fds.iter_mut() {
                 f.revents = 0;
             }
-            // SAFETY: a valid pollfd array.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 5) };
+            // SAFETY: a valid pollfd array; no signal mask change.
+            unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as _, &nap, std::ptr::null()) };
             for (i, s) in spaces.iter().enumerate() {
                 if fds[i + 2].revents == 0 {
                     continue;
@@ -177,6 +186,7 @@ impl Shared {
                 }
             }
         }
+        fds[1].events = libc::POLLIN;
         self.parked.fetch_sub(1, AcqRel);
     }
 
@@ -283,13 +293,9 @@ impl Shared {
         close(self.gate_fd);
     }
 
-    /// pthread_atfork parent: let them go, and wake the handlers now rather than at their
-    /// next poll timeout (5 ms, which every fork paid while `wait_fork_served` waited for them).
+    /// pthread_atfork parent: let them go.
     pub fn fork_gate_open(&self) {
         self.forking.store(false, Release);
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to our eventfd.
-        unsafe { libc::write(self.gate_fd, (&one as *const u64).cast(), 8) };
     }
 
     /// snapshot of this space's store, so each process's later writes stay its own.

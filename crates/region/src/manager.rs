@@ -526,13 +526,6 @@ impl Shared {
             if fds[2].revents & libc::POLLNVAL != 0 {
                 lost_descriptor(self.root.uffd.raw());
             }
-            if fds[1].revents & libc::POLLIN != 0 && !self.forking.load(Acquire) {
-                // The gate reopened (fork_gate_open wakes the handlers with it): drained here,
-                // and `forking` is read again below, so a fork that began meanwhile is seen.
-                let mut v = 0u64;
-                // SAFETY: draining our non-blocking eventfd.
-                unsafe { libc::read(self.gate_fd, (&mut v as *mut u64).cast(), 8) };
-            }
             if self.forking.load(Acquire) {
                 self.fork_mode(
                     &spaces,
