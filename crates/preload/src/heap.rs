@@ -303,12 +303,9 @@ unsafe extern "C" fn commit(
 
 /// Bytes of each pinned metadata range mapped (as zero pages) at start-up: what a process
 /// touches first. Measured, /bin/true under zmem: ~1000 faults (about 50 ms) mapping nothing
-/// ahead; 569 with 512 KiB; 179 with 1 MiB (13 MiB of zero-page mappings shown as pinned); 2
-/// with 1.5 MiB (18 MiB shown); 3 with 2 MiB (24 MiB shown). pyenv's python3 shim (about 20
-/// processes): 2.0 s -> 0.7 s. From 1 MiB to 1.5 MiB (session 14): a shell running /bin/true
-/// 100 times, 1.48-1.71 s -> 1.02-1.14 s (each of those faults woke a handler that had just
-/// started). Zero pages cost no memory until written; they are counted as pinned all the same.
-const POPULATE_PINNED: usize = 3 << 19;
+/// ahead; 569 with 512 KiB; 179 with 1 MiB (13 MiB of zero-page mappings shown as pinned); 3
+/// with 2 MiB (24 MiB shown). pyenv's python3 shim (about 20 processes): 2.0 s -> 0.7 s.
+const POPULATE_PINNED: usize = 1 << 20;
 /// At most this much of a commit or a new mapping is mapped ahead of the first touches: more
 /// fills the budget with zero pages that must then be evicted (a JVM committing 400 MB at
 /// 1G: 44,520 evictions of zero pages, 1.4 s instead of 0.2 s).
