@@ -17,7 +17,7 @@ use zmem_os::SpinLock;
 
 use crate::config::PAGE;
 use crate::error::RegionError;
-use crate::manager::{Shared, Space, SpaceInner};
+use crate::manager::{Shared, Space, SpaceInner, POLL_GATE, POLL_SPACES};
 use crate::state::PageState::*;
 use crate::state::StateTable;
 use crate::uffd::{self, Msg, Uffd};
@@ -146,7 +146,7 @@ impl Shared {
         // parked: polled here, it made this loop spin, and the forking thread, woken on the
         // same CPU, waited a whole time slice (4 ms per fork). Nothing tells the handler when
         // the gate reopens, so it looks every 100 µs.
-        fds[1].events = 0;
+        fds[POLL_GATE].events = 0;
         let nap = libc::timespec {
             tv_sec: 0,
             tv_nsec: 100_000,
@@ -158,7 +158,7 @@ impl Shared {
             // SAFETY: a valid pollfd array; no signal mask change.
             unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as _, &nap, std::ptr::null()) };
             for (i, s) in spaces.iter().enumerate() {
-                if fds[i + 2].revents == 0 {
+                if fds[POLL_SPACES + i].revents == 0 {
                     continue;
                 }
                 // Pushes stay within the capacity reserved up front (one fault per blocked
@@ -186,7 +186,7 @@ impl Shared {
                 }
             }
         }
-        fds[1].events = libc::POLLIN;
+        fds[POLL_GATE].events = libc::POLLIN;
         self.parked.fetch_sub(1, AcqRel);
     }
 

@@ -432,6 +432,11 @@ pub(crate) struct Shared {
     pub colocation: crate::colocate::Colocation,
 }
 
+/// A handler's poll array: the stop eventfd, the fork gate's eventfd, then one userfaultfd per
+/// space (the creator's first, then its children's), in `spaces` order.
+pub(crate) const POLL_GATE: usize = 1;
+pub(crate) const POLL_SPACES: usize = 2;
+
 /// Outcome of an attempt to resolve a fault.
 pub(crate) enum Served {
     Done,
@@ -510,7 +515,7 @@ impl Shared {
                 // SAFETY: fds is a valid array of pollfd of the given length.
                 rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout) };
             }
-            if rc > 0 && fds[2..].iter().any(|f| f.revents != 0) {
+            if rc > 0 && fds[POLL_SPACES..].iter().any(|f| f.revents != 0) {
                 let now = Instant::now();
                 fast_faults = now.duration_since(last_arrival) < self.spin;
                 last_arrival = now;
@@ -523,7 +528,7 @@ impl Shared {
             if self.stop.load(Relaxed) {
                 break;
             }
-            if fds[2].revents & libc::POLLNVAL != 0 {
+            if fds[POLL_SPACES].revents & libc::POLLNVAL != 0 {
                 lost_descriptor(self.root.uffd.raw());
             }
             if self.forking.load(Acquire) {
@@ -545,7 +550,7 @@ impl Shared {
                 continue;
             }
             for (i, s) in spaces.iter().enumerate() {
-                if fds[i + 2].revents == 0 {
+                if fds[POLL_SPACES + i].revents == 0 {
                     continue;
                 }
                 loop {
