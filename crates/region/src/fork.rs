@@ -145,7 +145,8 @@ impl Shared {
         // The gate's eventfd stays readable until the forking thread drains it after everyone
         // parked: polled here, it made this loop spin, and the forking thread, woken on the
         // same CPU, waited a whole time slice (4 ms per fork). Nothing tells the handler when
-        // the gate reopens, so it looks every 100 µs.
+        // the gate reopens, so it looks every 100 µs. (The handler loop rebuilds `fds` at its
+        // next pass, gate included.)
         fds[POLL_GATE].events = 0;
         let nap = libc::timespec {
             tv_sec: 0,
@@ -186,7 +187,6 @@ impl Shared {
                 }
             }
         }
-        fds[POLL_GATE].events = libc::POLLIN;
         self.parked.fetch_sub(1, AcqRel);
     }
 
