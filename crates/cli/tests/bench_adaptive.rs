@@ -176,7 +176,28 @@ fn budget_falls_under_the_hog_and_grows_back() {
             );
             return;
         }
-        // 2. PSI stalls come from other processes (this run neither swaps nor reclaims): a
+        // 2. The hog could not take its memory (it stops touching at a MemAvailable floor, or
+        //    ran slowly): MemAvailable never fell below the reserve, so nothing asked the budget
+        //    to fall.
+        let start = s["hog_start_s"].as_f64().unwrap();
+        let lowest_under_hog = samples
+            .iter()
+            .filter(|x| (start..=exit).contains(&x["t"].as_f64().unwrap()))
+            .filter_map(|x| x["mem_available"].as_u64())
+            .min()
+            .unwrap_or(u64::MAX);
+        if !fell && lowest_under_hog >= reserve {
+            eprintln!(
+                "inconclusive, skipping: the hog touched {} of {} MiB and MemAvailable stayed at \
+                 least {} MiB, above the reserve {} MiB",
+                s["hog_touched"].as_u64().unwrap_or(0) >> 20,
+                take >> 20,
+                lowest_under_hog >> 20,
+                reserve >> 20
+            );
+            return;
+        }
+        // 3. PSI stalls come from other processes (this run neither swaps nor reclaims): a
         //    machine under outside memory pressure cannot show the hog's effect alone.
         let outside: Vec<&serde_json::Value> = r["decisions"]
             .as_array()

@@ -1,5 +1,7 @@
 //! Size classes: which slot size and how many pages per span each object size gets.
 
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+
 use crate::PAGE_SIZE;
 
 /// Distance between consecutive size classes (and the smallest class).
@@ -30,6 +32,7 @@ pub(crate) struct ClassInfo {
 }
 
 /// All classes of a pool plus the map from rounded object size to class id.
+#[derive(Clone)]
 pub(crate) struct ClassTable {
     pub infos: Vec<ClassInfo>,
     /// `size_to_class[(len - 1) / 16]` is the class id for an object of `len` bytes.
@@ -44,7 +47,9 @@ fn waste(size: usize, pages: usize) -> (usize, usize, usize) {
 }
 
 /// Chooses pages per span for slot size `size`: the page count minimising the tail-waste
-/// fraction, except that the smallest count whose waste is within max(best, 1/64) wins.
+/// fraction, except that the smallest count whose waste is within max(best, 1/64) wins. In one
+/// pass: if any count is within 1/64 the first such count wins (as good as the best or not), and
+/// otherwise the first count with the least waste.
 pub(crate) fn choose_pages(size: usize, max_span_pages: usize) -> (usize, usize) {
     let min_pages = size.div_ceil(PAGE_SIZE).max(1);
     let max_pages = if size <= PAGE_SIZE {
@@ -54,33 +59,63 @@ pub(crate) fn choose_pages(size: usize, max_span_pages: usize) -> (usize, usize)
             .max((4 * min_pages).min(MAX_LARGE_SPAN_PAGES))
             .max(min_pages)
     };
-    // Best waste fraction (num/den) over the range; compare fractions by cross-multiplying.
-    let mut best = (usize::MAX, 1usize);
+    // Best waste fraction (num/den) so far; compare fractions by cross-multiplying.
+    let mut best: Option<(usize, usize, usize, usize)> = None; // (waste, span, pages, objs)
     for p in min_pages..=max_pages {
         let (w, span, objs) = waste(size, p);
         if objs == 0 || objs > MAX_SLOTS_PER_SPAN {
             continue;
         }
-        if best.0 == usize::MAX || w * best.1 < best.0 * span {
-            best = (w, span);
-        }
-    }
-    for p in min_pages..=max_pages {
-        let (w, span, objs) = waste(size, p);
-        if objs == 0 || objs > MAX_SLOTS_PER_SPAN {
-            continue;
-        }
-        let good = w * GOOD_WASTE_DIV <= span;
-        let as_good_as_best = w * best.1 <= best.0 * span;
-        if good || as_good_as_best {
+        if w * GOOD_WASTE_DIV <= span {
             return (p, objs);
         }
+        if best.is_none_or(|(bw, bspan, _, _)| w * bspan < bw * span) {
+            best = Some((w, span, p, objs));
+        }
     }
-    // Unreachable for valid configurations (min_pages always holds one object), but stay total.
-    (min_pages, 1)
+    // (min_pages, 1) is unreachable for valid configurations (min_pages always holds one
+    // object), but stay total.
+    best.map_or((min_pages, 1), |(_, _, p, objs)| (p, objs))
 }
 
+/// The table built last, kept for the next pool of the same geometry: building it is ~0.5 ms
+/// of CPU (every object size tries every span length), and a process under zmem makes pools at
+/// start-up and at every fork. A pointer swapped in once and never freed, not a lock: a fork in
+/// the middle of a build must not leave the child waiting for it.
+struct Cached {
+    max_object_size: usize,
+    max_span_pages: usize,
+    table: ClassTable,
+}
+static CACHED: AtomicPtr<Cached> = AtomicPtr::new(std::ptr::null_mut());
+
 impl ClassTable {
+    /// The classes for `max_object_size` and `max_span_pages` (see [`ClassTable::build`]),
+    /// copied from the cached table when the geometry is the same.
+    pub(crate) fn for_config(max_object_size: usize, max_span_pages: usize) -> ClassTable {
+        // SAFETY: a published `Cached` is never freed or changed.
+        if let Some(c) = unsafe { CACHED.load(Acquire).as_ref() } {
+            if c.max_object_size == max_object_size && c.max_span_pages == max_span_pages {
+                return c.table.clone();
+            }
+            return ClassTable::build(max_object_size, max_span_pages);
+        }
+        let table = ClassTable::build(max_object_size, max_span_pages);
+        let c = Box::into_raw(Box::new(Cached {
+            max_object_size,
+            max_span_pages,
+            table: table.clone(),
+        }));
+        if CACHED
+            .compare_exchange(std::ptr::null_mut(), c, AcqRel, Acquire)
+            .is_err()
+        {
+            // SAFETY: `c` was never published.
+            drop(unsafe { Box::from_raw(c) });
+        }
+        table
+    }
+
     /// Builds the classes for objects of 1..=max_object_size bytes. Adjacent 16-byte classes
     /// with the same pages per span and slots per span are merged into the largest of them
     /// (as zsmalloc does): they waste the same memory per object, and fewer classes mean fewer
@@ -150,6 +185,64 @@ mod tests {
             for w in t.infos.windows(2) {
                 assert!(w[0].size < w[1].size);
             }
+        }
+    }
+
+    /// The two-pass definition `choose_pages` implements in one pass.
+    fn choose_pages_model(size: usize, max_span_pages: usize) -> (usize, usize) {
+        let min_pages = size.div_ceil(PAGE_SIZE).max(1);
+        let max_pages = if size <= PAGE_SIZE {
+            max_span_pages
+        } else {
+            max_span_pages
+                .max((4 * min_pages).min(MAX_LARGE_SPAN_PAGES))
+                .max(min_pages)
+        };
+        let ok = |p: &usize| {
+            let (_, _, objs) = waste(size, *p);
+            objs > 0 && objs <= MAX_SLOTS_PER_SPAN
+        };
+        let ratio = |p: usize| {
+            let (w, span, _) = waste(size, p);
+            w as f64 / span as f64
+        };
+        let Some(best) = (min_pages..=max_pages)
+            .filter(ok)
+            .map(ratio)
+            .min_by(|a, b| a.total_cmp(b))
+        else {
+            return (min_pages, 1);
+        };
+        let p = (min_pages..=max_pages)
+            .filter(ok)
+            .find(|&p| ratio(p) * GOOD_WASTE_DIV as f64 <= 1.0 || ratio(p) <= best)
+            .unwrap();
+        (p, waste(size, p).2)
+    }
+
+    #[test]
+    fn choose_pages_matches_its_two_pass_definition() {
+        for spp in [1, 4, 16, 32] {
+            for k in 1..=MAX_OBJECT_SIZE_LIMIT / CLASS_STEP {
+                let size = k * CLASS_STEP;
+                assert_eq!(
+                    choose_pages(size, spp),
+                    choose_pages_model(size, spp),
+                    "{size} {spp}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_cached_table_is_the_table_of_its_own_geometry() {
+        // Whichever geometry was cached first (other tests make pools too), every call must
+        // give what a fresh build gives for the geometry asked for.
+        for &(max, spp) in &[(8192, 4), (4096, 1), (8192, 4), (4096, 1), (8192, 8)] {
+            let t = ClassTable::for_config(max, spp);
+            let b = ClassTable::build(max, spp);
+            assert_eq!(t.infos, b.infos, "{max} {spp}");
+            assert_eq!(t.size_to_class, b.size_to_class, "{max} {spp}");
         }
     }
 

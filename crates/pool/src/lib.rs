@@ -111,7 +111,7 @@ impl Pool {
                 config.max_span_pages
             )));
         }
-        let table = ClassTable::build(config.max_object_size, config.max_span_pages);
+        let table = ClassTable::for_config(config.max_object_size, config.max_span_pages);
         let classes = (0..table.infos.len())
             .map(|_| Class {
                 state: RwLock::new(ClassState::new()),

@@ -22,7 +22,11 @@
 //!
 //! Why the region is split into arenas of [`REGION_CHUNK`]: mimalloc 3 keeps ~2 MiB of page
 //! metadata per GiB at an arena's start and refuses arenas whose metadata exceeds 32 MiB, so one
-//! arena cannot exceed about 15 GiB (measured: 16 GiB is refused).
+//! arena cannot exceed about 15 GiB (measured: 16 GiB is refused). As few arenas as that allows:
+//! setting one up writes the header of each of its ~80 bitmaps, a page each (a copy of the zero
+//! page and a TLB shootdown per page), which made most of a process start under zmem (the
+//! default 94 GiB heap in 8 GiB arenas: 12 arenas, ~1000 such faults, ~3.5 ms of 7.4 ms;
+//! 14 GiB arenas: 7).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -68,8 +72,9 @@ pub fn is_internal() -> bool {
     })
 }
 
-/// Arena size the region is cut into.
-pub const REGION_CHUNK: usize = 8 << 30;
+/// Arena size the region is cut into (a last piece under 1/16 of it joins the one before, so
+/// no arena exceeds 14.9 GiB).
+pub const REGION_CHUNK: usize = 14 << 30;
 /// mimalloc arenas start on 64 KiB boundaries.
 pub const SLICE: usize = 64 << 10;
 
@@ -302,10 +307,13 @@ unsafe extern "C" fn commit(
 }
 
 /// Bytes of each pinned metadata range mapped (as zero pages) at start-up: what a process
-/// touches first. Measured, /bin/true under zmem: ~1000 faults (about 50 ms) mapping nothing
-/// ahead; 569 with 512 KiB; 179 with 1 MiB (13 MiB of zero-page mappings shown as pinned); 3
-/// with 2 MiB (24 MiB shown). pyenv's python3 shim (about 20 processes): 2.0 s -> 0.7 s.
-const POPULATE_PINNED: usize = 1 << 20;
+/// touches first. Measured, /bin/true under zmem with 8 GiB arenas: ~1000 faults (about 50 ms)
+/// mapping nothing ahead; 569 with 512 KiB; 179 with 1 MiB; 2 with 1.5 MiB (the ~80 bitmap
+/// headers of an arena, 16 KiB apart, end near 1.3 MiB; 28 KiB apart and near 2.2 MiB with
+/// 14 GiB arenas). pyenv's python3 shim (about 20 processes): 2.0 s -> 0.7 s with 1 MiB. The
+/// zero pages cost no DRAM until written, and the region's stats count only written pinned
+/// pages.
+const POPULATE_PINNED: usize = 5 << 19;
 /// At most this much of a commit or a new mapping is mapped ahead of the first touches: more
 /// fills the budget with zero pages that must then be evicted (a JVM committing 400 MB at
 /// 1G: 44,520 evictions of zero pages, 1.4 s instead of 0.2 s).
@@ -342,7 +350,7 @@ unsafe fn add_region_arenas(base: usize, len: usize) -> Result<(usize, usize), S
     while at < end {
         // The last piece joins the one before if it would be small.
         let mut n = REGION_CHUNK.min(end - at);
-        if end - (at + n) < REGION_CHUNK / 8 {
+        if end - (at + n) < REGION_CHUNK / 16 {
             n = end - at;
         }
         let mut id: mi::mi_arena_id_t = null_mut();

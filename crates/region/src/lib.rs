@@ -339,17 +339,29 @@ impl Region {
     pub fn stats(&self) -> RegionStats {
         let sh = self.shared();
         let c = &sh.counters;
-        let (resident, pinned, held, incompressible, clean_copies) = {
+        let page = PAGE as u64;
+        let (resident, pinned_mapped, pinned_ranges, held, incompressible, clean_copies) = {
             let inner = sh.root.inner.lock();
-            let page = PAGE as u64;
             (
                 inner.resident as u64 * page,
                 inner.pinned_resident as u64 * page,
+                inner.pinned.clone(),
                 inner.held.len() as u64 * page,
                 inner.incompressible.len() as u64 * page,
                 inner.copies.as_ref().map_or(0, |c| c.count()) as u64 * page,
             )
         };
+        // Pinned ranges are mapped ahead with zero pages, which cost no DRAM until written:
+        // count the pages that hold memory of their own (the mapped count if the kernel
+        // cannot tell).
+        let pinned = pinned_ranges
+            .iter()
+            .try_fold(0u64, |sum, &(a, b)| {
+                let at = sh.root.page_addr(a as usize) as *const u8;
+                zmem_os::mapping::written_pages(at, (b - a) as usize * PAGE)
+                    .map(|n| sum + n as u64 * page)
+            })
+            .unwrap_or(pinned_mapped);
         let fault_latency = {
             let h = sh.latency.lock();
             Latency {

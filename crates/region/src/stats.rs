@@ -51,9 +51,10 @@ pub struct RegionStats {
     pub size: u64,
     /// Current budget in bytes (changes over time with an adaptive budget).
     pub budget: u64,
-    /// Bytes mapped in the region now (`pinned`, `held` and `incompressible` included).
+    /// Bytes in DRAM in the region now (`pinned`, `held` and `incompressible` included).
     pub resident: u64,
-    /// Bytes of pinned pages mapped now (see `Region::pin`): in DRAM, outside the budget.
+    /// Bytes of pinned pages in DRAM now (see `Region::pin`), outside the budget: pages
+    /// written, not those mapped ahead as zero pages and never written.
     #[serde(default)]
     pub pinned: u64,
     /// Bytes of pages that cannot be moved out (the program made them read-only, executable,
