@@ -25,8 +25,8 @@
 //! arena cannot exceed about 15 GiB (measured: 16 GiB is refused). As few arenas as that allows:
 //! setting one up writes the header of each of its ~80 bitmaps, a page each (a copy of the zero
 //! page and a TLB shootdown per page), which made most of a process start under zmem (the
-//! default 94 GiB heap in 8 GiB arenas: 12 arenas, ~1000 such faults, ~3.5 ms of 7.4 ms;
-//! 14 GiB arenas: 7).
+//! default 94 GiB heap in 8 GiB arenas: 12 arenas, ~1000 such faults, ~3.5 ms of 7.4 ms). So
+//! the arenas are added one at a time as the heap fills ([`grow`]), each as large as allowed.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -44,6 +44,31 @@ const ZMEM: u8 = 2;
 thread_local! {
     /// ZMEM on zmem's threads and on a thread while it starts zmem.
     static INTERNAL: Cell<u8> = const { Cell::new(UNKNOWN) };
+}
+
+thread_local! {
+    /// Set while the thread runs mimalloc for the program heap (see [`in_mimalloc`]).
+    static IN_MIMALLOC: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is inside mimalloc, serving the program heap. mimalloc's own
+/// memory (its page map's 64 KiB submaps, mapped as the heap reaches each new 512 MiB) is then
+/// mapped straight by the kernel, not in the map space: mimalloc fills a submap holding its
+/// page-map lock, and a fault there while a fork parks zmem's handlers let fork copy the lock
+/// held into the child, which then hung at its next allocation in a new range (found with
+/// tests/c/heap_grow.c: 2 hangs in 4 runs).
+#[inline]
+pub fn in_mimalloc() -> bool {
+    IN_MIMALLOC.with(|c| c.get())
+}
+
+/// Runs `f` (a call into mimalloc for the program heap) with [`in_mimalloc`] set.
+#[inline]
+fn inside_mimalloc<T>(f: impl FnOnce() -> T) -> T {
+    let was = IN_MIMALLOC.with(|c| c.replace(true));
+    let r = f();
+    IN_MIMALLOC.with(|c| c.set(was));
+    r
 }
 
 /// Marks the calling thread as zmem's own: its mallocs use the internal heap from now on.
@@ -110,14 +135,17 @@ fn natural(align: usize, size: usize) -> bool {
 /// `align` is a power of two.
 #[inline]
 pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mut c_void {
-    match (program, natural(align, size), zero) {
-        (true, true, false) => mi::mi_malloc(size),
-        (true, true, true) => mi::mi_zalloc(size),
-        (true, false, false) => mi::mi_malloc_aligned(size, align),
-        (true, false, true) => mi::mi_zalloc_aligned(size, align),
-        (false, true, false) => __libc_malloc(size),
-        (false, true, true) => __libc_calloc(1, size),
-        (false, false, zero) => {
+    if program {
+        let p = program_alloc(size, align, zero);
+        if p.is_null() || GROW_WANTED.load(Relaxed) {
+            return grow_then_alloc(p, size, align, zero);
+        }
+        return p;
+    }
+    match (natural(align, size), zero) {
+        (true, false) => __libc_malloc(size),
+        (true, true) => __libc_calloc(1, size),
+        (false, zero) => {
             let p = __libc_memalign(align.max(16), size);
             if zero && !p.is_null() {
                 std::ptr::write_bytes(p as *mut u8, 0, size);
@@ -127,6 +155,45 @@ pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mu
     }
 }
 
+/// A new block of the program heap (mimalloc's main heap).
+///
+/// # Safety
+/// `align` is a power of two.
+#[inline]
+unsafe fn program_alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
+    inside_mimalloc(|| match (natural(align, size), zero) {
+        (true, false) => mi::mi_malloc(size),
+        (true, true) => mi::mi_zalloc(size),
+        (false, false) => mi::mi_malloc_aligned(size, align),
+        (false, true) => mi::mi_zalloc_aligned(size, align),
+    })
+}
+
+/// After a program allocation that failed (`p` null) or found the heap asking for its next
+/// arena: adds arenas, and retries a failed allocation once per arena added.
+///
+/// # Safety
+/// As [`program_alloc`].
+#[cold]
+unsafe fn grow_then_alloc(
+    mut p: *mut c_void,
+    size: usize,
+    align: usize,
+    zero: bool,
+) -> *mut c_void {
+    if !p.is_null() {
+        grow(false);
+        return p;
+    }
+    if size > REGION_CHUNK {
+        return p; // larger than any arena (mimalloc's largest object is set to one)
+    }
+    while p.is_null() && grow(true) {
+        p = program_alloc(size, align, zero);
+    }
+    p
+}
+
 /// Frees a block of either heap.
 ///
 /// # Safety
@@ -134,7 +201,7 @@ pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mu
 #[inline]
 pub unsafe fn free(p: *mut c_void) {
     if in_program_heap(p) {
-        mi::mi_free(p)
+        inside_mimalloc(|| mi::mi_free(p))
     } else if !p.is_null() {
         __libc_free(p)
     }
@@ -178,8 +245,23 @@ pub unsafe fn usable_size(p: *mut c_void) -> usize {
 /// `p` is a live block of this library's allocator, `size` > 0, `align` a power of two.
 pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
     match (in_program_heap(p), natural(align, size)) {
-        (true, true) => mi::mi_realloc(p, size),
-        (true, false) => mi::mi_realloc_aligned(p, size, align),
+        (true, natural) => {
+            let resize = |p, size| {
+                inside_mimalloc(|| match natural {
+                    true => mi::mi_realloc(p, size),
+                    false => mi::mi_realloc_aligned(p, size, align),
+                })
+            };
+            let mut q = resize(p, size);
+            if q.is_null() || GROW_WANTED.load(Relaxed) {
+                // As in `alloc`: on failure `p` is still the program's, unchanged.
+                let failed = q.is_null() && size <= REGION_CHUNK;
+                while grow(q.is_null() && failed) && q.is_null() {
+                    q = resize(p, size);
+                }
+            }
+            q
+        }
         (false, true) => __libc_realloc(p, size),
         (false, false) => {
             let q = __libc_memalign(align.max(16), size);
@@ -240,7 +322,9 @@ const MAX_PINS: usize = 256;
 static PINS: [(AtomicUsize, AtomicUsize); MAX_PINS] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_PINS];
 static PIN_COUNT: AtomicUsize = AtomicUsize::new(0);
-static SETTING_UP: AtomicBool = AtomicBool::new(false);
+/// The base of the arena `mi_manage_memory` is setting up now (0: none). Its metadata is the
+/// one range mimalloc commits at exactly that address.
+static SETUP_BASE: AtomicUsize = AtomicUsize::new(0);
 
 /// What mimalloc's commit callback saw: bytes decommitted (given back to zmem, which drops
 /// their pages and compressed copies) and decommits refused on zmem's own threads.
@@ -260,7 +344,7 @@ unsafe extern "C" fn commit(
     _arg: *mut c_void,
 ) -> bool {
     if commit {
-        if SETTING_UP.load(Acquire) {
+        if start as usize == SETUP_BASE.load(Acquire) {
             // An arena's metadata, committed while mi_manage_memory runs: pinned before it is
             // touched, and mapped in one go (a fault per page cost ~50 ms per process start).
             let i = PIN_COUNT.fetch_add(1, AcqRel);
@@ -269,11 +353,14 @@ unsafe extern "C" fn commit(
                 PINS[i].1.store(size, Release);
             }
             let region = SETUP_REGION.load(Acquire);
-            if !region.is_null() {
-                let r = &*region;
+            let region = match region.is_null() {
+                false => Some(&*region),
+                true => crate::runtime::runtime().map(|rt| &rt.region),
+            };
+            if let Some(r) = region {
                 let off = start as usize - r.as_ptr() as usize;
                 // Only the start of each range is used at once (the rest as the arena fills):
-                // mapping all 16 MiB of each would show as hundreds of MiB pinned.
+                // mapping all 28 MiB of each would make hundreds of page-table pages.
                 if r.pin(off, size).is_ok() {
                     let _ = r.populate(off, size.min(POPULATE_PINNED));
                 }
@@ -285,6 +372,10 @@ unsafe extern "C" fn commit(
             if off < rt.region.len() {
                 let _ = rt.region.populate(off, size.min(POPULATE_MAX));
             }
+        }
+        if start as usize + size > GROW_AT.load(Relaxed) {
+            // The newest arena is half used: the next program allocation adds another.
+            GROW_WANTED.store(true, Relaxed);
         }
         if !is_zero.is_null() {
             // Parts of the range may hold data (mimalloc may commit a partly committed range);
@@ -322,9 +413,22 @@ pub const POPULATE_MAX: usize = 256 << 10;
 /// The region being handed to mimalloc (set only while `add_region` runs).
 static SETUP_REGION: AtomicPtr<zmem_region::Region> = AtomicPtr::new(null_mut());
 
-/// Hands the first `len` bytes of `region` (mapped, zero) to mimalloc as the program heap's
-/// arenas, then forbids mimalloc any other memory for it. Their metadata is pinned in DRAM.
-/// Returns the 64 KiB aligned span used.
+/// Where the arenas not handed to mimalloc yet start, and where the heap's span ends.
+static NEXT_ARENA: AtomicUsize = AtomicUsize::new(0);
+static ARENAS_END: AtomicUsize = AtomicUsize::new(0);
+/// A commit reaching past this address (half of the newest arena) asks for the next arena.
+static GROW_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Set by the commit callback (inside mimalloc, where no arena can be added); the next program
+/// allocation adds the arena after mimalloc returns.
+static GROW_WANTED: AtomicBool = AtomicBool::new(false);
+/// Serialises adding arenas. The forking thread holds it across fork, so a child never
+/// inherits a half-added arena or a lock held by a thread it does not have.
+static GROWING: zmem_os::spin::SpinLock<()> = zmem_os::spin::SpinLock::new(());
+
+/// Hands `len` bytes of `region` (mapped, zero) to mimalloc as the program heap, then forbids
+/// mimalloc any other memory for it. Only the first arena is added now: setting one up costs
+/// ~1 ms and ~320 KiB of DRAM (its bitmaps' headers), so the others are added as the heap
+/// grows ([`grow`]). Their metadata is pinned in DRAM. Returns the 64 KiB aligned span.
 ///
 /// # Safety
 /// The region must live for the rest of the process; called once.
@@ -338,44 +442,122 @@ pub unsafe fn add_region(
     r
 }
 
+/// The length of the arena that starts at `at`: [`REGION_CHUNK`], or what is left if the
+/// piece after it would be small (it joins this one).
+fn arena_len(at: usize, end: usize) -> usize {
+    let n = REGION_CHUNK.min(end - at);
+    if end - (at + n) < REGION_CHUNK / 16 {
+        end - at
+    } else {
+        n
+    }
+}
+
+/// Hands the next arena to mimalloc. Ok(false) when every arena is added already. The caller
+/// holds [`GROWING`] (or is the only thread that can allocate in the program heap).
+unsafe fn add_next_arena() -> Result<bool, String> {
+    let (at, end) = (NEXT_ARENA.load(Acquire), ARENAS_END.load(Acquire));
+    if at >= end {
+        GROW_AT.store(usize::MAX, Relaxed);
+        return Ok(false);
+    }
+    let n = arena_len(at, end);
+    SETUP_BASE.store(at, Release);
+    let mut id: mi::mi_arena_id_t = null_mut();
+    let ok = mi::mi_manage_memory(
+        at as *mut c_void,
+        n,
+        false, // not committed: mimalloc asks (commit) before using a range
+        false, // not pinned: it may decommit (purge) what the program frees
+        true,  // zero
+        -1,
+        false, // not exclusive: the main heap (malloc) allocates here
+        Some(commit),
+        null_mut(),
+        &mut id,
+    );
+    SETUP_BASE.store(0, Release);
+    if !ok {
+        // Never asked again: the heap keeps the arenas it has.
+        NEXT_ARENA.store(end, Release);
+        GROW_AT.store(usize::MAX, Relaxed);
+        return Err(format!(
+            "mimalloc refused {n} bytes of the region at {at:#x} as an arena"
+        ));
+    }
+    NEXT_ARENA.store(at + n, Release);
+    let next_at = if at + n < end { at + n / 2 } else { usize::MAX };
+    GROW_AT.store(next_at, Relaxed);
+    Ok(true)
+}
+
+/// Adds the next arena if the heap asked for one (its newest arena is half used) or if
+/// `failed` (an allocation just returned NULL). True if an arena was added. Runs on a program
+/// thread after mimalloc returned, as zmem (what it allocates goes to the internal heap).
+#[cold]
+fn grow(failed: bool) -> bool {
+    if crate::runtime::runtime().is_none() {
+        return false; // still starting: the region is not published yet
+    }
+    let was = set_internal(true);
+    let added = {
+        let _g = GROWING.lock();
+        let wanted = GROW_WANTED.swap(false, Relaxed);
+        if wanted || failed {
+            // SAFETY: under GROWING; the region lives as long as the process.
+            match unsafe { add_next_arena() } {
+                Ok(added) => {
+                    if added {
+                        tracing::debug!(
+                            arenas = PIN_COUNT.load(Relaxed),
+                            next = NEXT_ARENA.load(Relaxed),
+                            failed,
+                            "program heap: arena added"
+                        );
+                    }
+                    added
+                }
+                Err(e) => {
+                    tracing::warn!("the program heap cannot grow: {e}");
+                    false
+                }
+            }
+        } else {
+            false
+        }
+    };
+    set_internal(was);
+    added
+}
+
+extern "C" fn grow_fork_prepare() {
+    GROWING.hold();
+}
+
+extern "C" fn grow_fork_after() {
+    GROWING.reset();
+}
+
 unsafe fn add_region_arenas(base: usize, len: usize) -> Result<(usize, usize), String> {
     let start = base.next_multiple_of(SLICE);
     let end = (base + len) / SLICE * SLICE;
     if end <= start + 2 * SLICE * 512 {
         return Err(format!("the region ({len} bytes) is too small for a heap"));
     }
-    SETTING_UP.store(true, Release);
-    let mut at = start;
-    let mut result = Ok((start, end - start));
-    while at < end {
-        // The last piece joins the one before if it would be small.
-        let mut n = REGION_CHUNK.min(end - at);
-        if end - (at + n) < REGION_CHUNK / 16 {
-            n = end - at;
-        }
-        let mut id: mi::mi_arena_id_t = null_mut();
-        let ok = mi::mi_manage_memory(
-            at as *mut c_void,
-            n,
-            false, // not committed: mimalloc asks (commit) before using a range
-            false, // not pinned: it may decommit (purge) what the program frees
-            true,  // zero
-            -1,
-            false, // not exclusive: the main heap (malloc) allocates here
-            Some(commit),
-            null_mut(),
-            &mut id,
-        );
-        if !ok {
-            result = Err(format!(
-                "mimalloc refused {n} bytes of the region at {at:#x} as an arena"
-            ));
-            break;
-        }
-        at += n;
+    NEXT_ARENA.store(start, Release);
+    ARENAS_END.store(end, Release);
+    add_next_arena()?;
+    // Registered after the region's hooks, so it runs before them at a fork (prepare hooks
+    // run in reverse order): an arena being added may still fault on the region's pages.
+    let r = libc::pthread_atfork(
+        Some(grow_fork_prepare),
+        Some(grow_fork_after),
+        Some(grow_fork_after),
+    );
+    if r != 0 {
+        return Err(format!("pthread_atfork: error {r}"));
     }
-    SETTING_UP.store(false, Release);
-    let span = result?;
+    let span = (start, end - start);
     PROGRAM_START.store(start, Relaxed);
     PROGRAM_END.store(end, Relaxed);
     mi::mi_option_set(mi::OPTION_DISALLOW_OS_ALLOC, 1);

@@ -120,11 +120,12 @@ fn as_zmem<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
     r.unwrap_or_else(|_| fallback())
 }
 
-/// The map space, if this call is one zmem serves (not on zmem's own threads).
+/// The map space, if this call is one zmem serves (not on zmem's own threads, nor mimalloc's
+/// own memory: see [`heap::in_mimalloc`]).
 #[inline]
 fn space() -> Option<(usize, usize)> {
     let end = END.load(Acquire);
-    if end == 0 || heap::is_internal() {
+    if end == 0 || heap::is_internal() || heap::in_mimalloc() {
         return None;
     }
     Some((START.load(Acquire), end))

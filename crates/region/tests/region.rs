@@ -439,6 +439,16 @@ fn populate_maps_zero_pages_within_the_budget_and_pins_without() {
     let pin_at = 8 * mib;
     r.pin(pin_at, 2 * mib).unwrap();
     assert_eq!(r.populate(pin_at, 2 * mib).unwrap(), 2 * mib / PAGE);
+    // Zero pages cost no DRAM until written: the stats count what was written.
+    assert_eq!(r.stats().pinned, 0);
+    let first_pinned = pin_at / PAGE;
+    for i in first_pinned..first_pinned + 3 {
+        fill(page_mut(&r, i), i, 1);
+    }
+    assert_eq!(r.stats().pinned, 3 * PAGE as u64);
+    for i in first_pinned..first_pinned + 2 * mib / PAGE {
+        fill(page_mut(&r, i), i, 1);
+    }
     assert_eq!(r.stats().pinned, 2 * MIB);
     // The data written over populated pages survives eviction like any other.
     fill_and_check_all(&r, 2);
