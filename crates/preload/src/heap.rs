@@ -285,8 +285,8 @@ pub fn pin_options() {
         // SAFETY: plain calls into mimalloc with a valid option number.
         unsafe { mi::mi_option_set(option, mi::mi_option_get(option)) };
     }
-    // SAFETY: as above.
-    unsafe { mi::mi_option_set(mi::OPTION_SHOW_ERRORS, 1) };
+    // mimalloc's error messages (off by default, MIMALLOC_SHOW_ERRORS=1 shows them) stay as
+    // the environment says: a program's failing malloc prints nothing, as with glibc's.
 }
 
 /// The Rust global allocator of the library: always the internal heap (glibc's malloc).

@@ -425,8 +425,13 @@ impl Region {
     /// pages) in DRAM once they are faulted in: never evicted, and not counted against the
     /// budget (`RegionStats::pinned` shows them). For memory that the threads serving the region
     /// may touch themselves (an allocator's metadata inside the region), which must never fault.
+    /// Does nothing in a forked child (its pages are the parent's to serve, and its copy of the
+    /// region's state may have been taken while a parked thread held it).
     pub fn pin(&self, offset: usize, len: usize) -> Result<(), RegionError> {
         let (first, last) = self.page_range("pin", offset, len)?;
+        if !self.in_creator() {
+            return Ok(());
+        }
         let sh = self.shared();
         let mut inner = sh.root.inner.lock();
         // Pages of the range already resident leave the budget's count for the pinned one.
