@@ -73,6 +73,20 @@ pub trait BackingStore: Send + Sync {
         0
     }
 
+    /// Copies page `index` of `from` into this store as `from` holds it, without decoding
+    /// (a fork's snapshot): `Ok(false)` when it cannot (then read it and write it). Only
+    /// stores of the same kind can; others never do.
+    fn copy_page_from(&self, _from: &dyn BackingStore, _index: u64) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// The compressed store behind this one, if it is one (for [`copy_page_from`]).
+    ///
+    /// [`copy_page_from`]: BackingStore::copy_page_from
+    fn as_store_core(&self) -> Option<&StoreCore> {
+        None
+    }
+
     /// The store's statistics (zram mm_stat meanings).
     fn stats(&self) -> StoreStats;
 }
@@ -110,6 +124,15 @@ impl BackingStore for PageStore {
     }
     fn repack_groups(&self, max_pages: usize) -> usize {
         StoreCore::repack_groups(self, max_pages)
+    }
+    fn copy_page_from(&self, from: &dyn BackingStore, index: u64) -> Result<bool, StoreError> {
+        match from.as_store_core() {
+            Some(src) => StoreCore::copy_page_from(self, src, index),
+            None => Ok(false),
+        }
+    }
+    fn as_store_core(&self) -> Option<&StoreCore> {
+        Some(self)
     }
     fn stats(&self) -> StoreStats {
         StoreCore::stats(self)

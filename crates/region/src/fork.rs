@@ -341,6 +341,14 @@ impl Shared {
         for (i, st) in inner.state.iter_touched() {
             match st {
                 // Faulting pages still have their store entry (discarded only after mapping).
+                // Copied as compressed where the store can (a single-page object), else read
+                // back and written again.
+                Stored | Faulting
+                    if matches!(store.copy_page_from(&**parent.store, i as u64), Ok(true)) =>
+                {
+                    state.init(i, Stored);
+                    stored += 1;
+                }
                 Stored | Faulting => match parent.store.read(i as u64, &mut page) {
                     Ok(()) => {
                         store.write(i as u64, &page)?;

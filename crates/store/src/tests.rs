@@ -1138,3 +1138,78 @@ fn write_if_smaller_keeps_only_pages_that_save_memory() {
         Err(StoreError::BadLength { .. })
     ));
 }
+
+/// `copy_page_from` (a fork's snapshot) against the model: every single-page object and
+/// same-filled page arrives as it was, compressed bytes and all; what it cannot copy (a block
+/// member, a page never written, another dictionary, the same store, a full pool) is refused
+/// with the destination unchanged, and the counters stay those of the pages held.
+#[test]
+fn copy_page_from_copies_objects_and_refuses_the_rest() {
+    let from = store(256, Policy::Balanced, 1);
+    let to = store(256, Policy::Balanced, 1);
+    // Pages 0..64: text, same-filled, zero and incompressible (stored raw: HUGE).
+    for i in 0..64u64 {
+        from.write(i, &content(i as u8, i)).unwrap();
+    }
+    // Pages 100..108: members of one block.
+    let idx: Vec<u64> = (100..108).collect();
+    let data: Vec<Vec<u8>> = (0..8).map(|i| content(0, 1000 + i)).collect();
+    write_group_owned(&from, &idx, &data).unwrap();
+    // The destination already holds something at some of the pages: replaced, then freed.
+    for i in (0..64u64).step_by(5) {
+        to.write(i, &content(0, 9000 + i)).unwrap();
+    }
+    for i in 0..64u64 {
+        assert!(to.copy_page_from(&from, i).unwrap(), "page {i}");
+        assert_eq!(read_page(&to, i), content(i as u8, i), "page {i}");
+    }
+    let (a, b) = (from.stats(), to.stats());
+    let singles = a.pool.objects - 1; // all but the block's object
+    assert_eq!(b.pool.objects, singles);
+    assert_eq!(b.orig_data_size, 64 * PS as u64);
+    assert_eq!(b.huge_pages, a.huge_pages);
+    assert_eq!(b.same_pages, a.same_pages);
+    // Same object sizes: nothing was compressed again (the block is the difference).
+    let block_only = store(256, Policy::Balanced, 1);
+    write_group_owned(&block_only, &idx, &data).unwrap();
+    assert_eq!(
+        b.compr_data_size + block_only.stats().compr_data_size,
+        a.compr_data_size
+    );
+    // Refused: block members, pages never written; the destination keeps what it had.
+    to.write(100, &content(0, 5)).unwrap();
+    for i in [100u64, 107, 200] {
+        assert!(!to.copy_page_from(&from, i).unwrap(), "page {i}");
+    }
+    assert_eq!(read_page(&to, 100), content(0, 5));
+    assert_eq!(read_page(&to, 200), vec![0u8; PS]);
+    // A store with a dictionary, and the store itself, are refused.
+    let samples: Vec<Vec<u8>> = (0..64).map(|i| content(0, i)).collect();
+    let refs: Vec<&[u8]> = samples.iter().map(|v| &v[..]).collect();
+    let dict = zmem_codec::train_dictionary(&refs, 8192).unwrap();
+    let mut cfg = StoreConfig::new(256, Policy::Balanced);
+    cfg.dictionary = Some(Arc::new(Dictionary::new(3, dict).unwrap()));
+    let with_dict = PageStore::new(cfg).unwrap();
+    assert!(!with_dict.copy_page_from(&from, 0).unwrap());
+    assert!(!from.copy_page_from(&from, 0).unwrap());
+    // Out of range: an error, as for any other page operation.
+    assert!(to.copy_page_from(&from, 256).is_err());
+    // A full pool refuses (the caller reads and writes instead); the page keeps its content.
+    let mut cfg = StoreConfig::new(256, Policy::Balanced);
+    cfg.mem_limit = Some(64 * 1024);
+    let small = PageStore::new(cfg).unwrap();
+    let mut copied = 0;
+    for i in (0..64u64).filter(|i| i % 4 == 3) {
+        // Incompressible pages, 4 KiB objects each: 16 of them fill the limit.
+        if small.copy_page_from(&from, i).unwrap() {
+            copied += 1;
+            assert_eq!(read_page(&small, i), content(3, i));
+        } else {
+            assert_eq!(read_page(&small, i), vec![0u8; PS]);
+        }
+    }
+    assert!(
+        copied > 0 && copied < 16,
+        "{copied} copied under a 64 KiB limit"
+    );
+}
