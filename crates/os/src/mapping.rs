@@ -240,6 +240,7 @@ mod tests {
         }
         assert_eq!(written_pages(m.as_ptr(), m.len()).unwrap(), n.div_ceil(3));
         // A sub-range, starting inside a page.
+        // SAFETY: inside the mapping.
         let sub = unsafe { m.as_ptr().add(crate::PAGE_SIZE + 7) };
         assert_eq!(written_pages(sub, 5 * crate::PAGE_SIZE).unwrap(), 2); // pages 3 and 6 of 1..=6
     }
