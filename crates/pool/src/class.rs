@@ -46,11 +46,10 @@ fn waste(size: usize, pages: usize) -> (usize, usize, usize) {
     (span - objs * size, span, objs)
 }
 
-/// Chooses pages per span for slot size `size`: the page count minimising the tail-waste
-/// fraction, except that the smallest count whose waste is within max(best, 1/64) wins. In one
-/// pass: if any count is within 1/64 the first such count wins (as good as the best or not), and
-/// otherwise the first count with the least waste.
-pub(crate) fn choose_pages(size: usize, max_span_pages: usize) -> (usize, usize) {
+/// The page counts a span for slot size `size` may have: from what one slot needs up to
+/// `max_span_pages` (objects up to a page) or up to four slots' worth, at most
+/// `MAX_LARGE_SPAN_PAGES` unless one slot needs more (larger objects).
+fn span_pages_range(size: usize, max_span_pages: usize) -> (usize, usize) {
     let min_pages = size.div_ceil(PAGE_SIZE).max(1);
     let max_pages = if size <= PAGE_SIZE {
         max_span_pages
@@ -59,6 +58,15 @@ pub(crate) fn choose_pages(size: usize, max_span_pages: usize) -> (usize, usize)
             .max((4 * min_pages).min(MAX_LARGE_SPAN_PAGES))
             .max(min_pages)
     };
+    (min_pages, max_pages)
+}
+
+/// Chooses pages per span for slot size `size`: the page count minimising the tail-waste
+/// fraction, except that the smallest count whose waste is within max(best, 1/64) wins. In one
+/// pass: if any count is within 1/64 the first such count wins (as good as the best or not), and
+/// otherwise the first count with the least waste.
+pub(crate) fn choose_pages(size: usize, max_span_pages: usize) -> (usize, usize) {
+    let (min_pages, max_pages) = span_pages_range(size, max_span_pages);
     // Best waste fraction (num/den) so far; compare fractions by cross-multiplying.
     let mut best: Option<(usize, usize, usize, usize)> = None; // (waste, span, pages, objs)
     for p in min_pages..=max_pages {
@@ -190,14 +198,7 @@ mod tests {
 
     /// The two-pass definition `choose_pages` implements in one pass.
     fn choose_pages_model(size: usize, max_span_pages: usize) -> (usize, usize) {
-        let min_pages = size.div_ceil(PAGE_SIZE).max(1);
-        let max_pages = if size <= PAGE_SIZE {
-            max_span_pages
-        } else {
-            max_span_pages
-                .max((4 * min_pages).min(MAX_LARGE_SPAN_PAGES))
-                .max(min_pages)
-        };
+        let (min_pages, max_pages) = span_pages_range(size, max_span_pages);
         let ok = |p: &usize| {
             let (_, _, objs) = waste(size, *p);
             objs > 0 && objs <= MAX_SLOTS_PER_SPAN

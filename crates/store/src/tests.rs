@@ -49,6 +49,16 @@ fn store(pages: u64, policy: Policy, block_pages: usize) -> PageStore {
     PageStore::new(cfg).unwrap()
 }
 
+/// A balanced store with a zstd dictionary trained on text pages.
+fn store_with_dictionary(pages: u64) -> PageStore {
+    let samples: Vec<Vec<u8>> = (0..64).map(|i| content(0, i)).collect();
+    let refs: Vec<&[u8]> = samples.iter().map(|v| &v[..]).collect();
+    let dict = zmem_codec::train_dictionary(&refs, 8192).unwrap();
+    let mut cfg = StoreConfig::new(pages, Policy::Balanced);
+    cfg.dictionary = Some(Arc::new(Dictionary::new(3, dict).unwrap()));
+    PageStore::new(cfg).unwrap()
+}
+
 fn read_page(s: &PageStore, i: u64) -> Vec<u8> {
     let mut b = vec![0xAAu8; PS];
     s.read(i, &mut b).unwrap();
@@ -664,12 +674,7 @@ fn dropping_with_writes_in_flight_is_clean() {
 
 #[test]
 fn dictionary_policy_round_trips() {
-    let samples: Vec<Vec<u8>> = (0..64).map(|i| content(0, i)).collect();
-    let refs: Vec<&[u8]> = samples.iter().map(|v| &v[..]).collect();
-    let dict = zmem_codec::train_dictionary(&refs, 8192).unwrap();
-    let mut cfg = StoreConfig::new(64, Policy::Balanced);
-    cfg.dictionary = Some(Arc::new(Dictionary::new(3, dict).unwrap()));
-    let s = PageStore::new(cfg).unwrap();
+    let s = store_with_dictionary(64);
     for i in 0..64 {
         s.write(i, &content(0, i + 500)).unwrap();
     }
@@ -1184,12 +1189,7 @@ fn copy_page_from_copies_objects_and_refuses_the_rest() {
     assert_eq!(read_page(&to, 100), content(0, 5));
     assert_eq!(read_page(&to, 200), vec![0u8; PS]);
     // A store with a dictionary, and the store itself, are refused.
-    let samples: Vec<Vec<u8>> = (0..64).map(|i| content(0, i)).collect();
-    let refs: Vec<&[u8]> = samples.iter().map(|v| &v[..]).collect();
-    let dict = zmem_codec::train_dictionary(&refs, 8192).unwrap();
-    let mut cfg = StoreConfig::new(256, Policy::Balanced);
-    cfg.dictionary = Some(Arc::new(Dictionary::new(3, dict).unwrap()));
-    let with_dict = PageStore::new(cfg).unwrap();
+    let with_dict = store_with_dictionary(256);
     assert!(!with_dict.copy_page_from(&from, 0).unwrap());
     assert!(!from.copy_page_from(&from, 0).unwrap());
     // Out of range: an error, as for any other page operation.
