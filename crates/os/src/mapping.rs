@@ -160,13 +160,12 @@ const PAGEMAP_SCAN: libc::c_ulong = (3 << 30) | (96 << 16) | ((b'f' as libc::c_u
 const PAGE_IS_PRESENT: u64 = 1 << 3;
 const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
-/// How many pages of `[ptr, ptr + len)` hold memory of their own now: present and not the
-/// kernel's shared zero page. A range mapped ahead with zero pages costs no DRAM until it is
-/// written, and this counts only what was written (the pagemap's PAGEMAP_SCAN, Linux 6.7+;
-/// an error on older kernels). No allocation and no libc text: safe on zmem's threads.
-pub fn written_pages(ptr: *const u8, len: usize) -> io::Result<usize> {
-    let start = ptr as u64 & !(crate::PAGE_SIZE as u64 - 1);
-    let end = (ptr as u64 + len as u64).div_ceil(crate::PAGE_SIZE as u64) * crate::PAGE_SIZE as u64;
+/// How many pages of the ranges `(ptr, len)` hold memory of their own now: present and not
+/// the kernel's shared zero page. A range mapped ahead with zero pages costs no DRAM until it
+/// is written, and this counts only what was written (the pagemap's PAGEMAP_SCAN, Linux 6.7+;
+/// an error on older kernels). One open of the pagemap for all the ranges. No allocation and
+/// no libc text: safe on zmem's threads.
+pub fn written_pages(ranges: &[(*const u8, usize)]) -> io::Result<usize> {
     // SAFETY: a constant NUL-terminated path.
     let fd = unsafe {
         libc::open(
@@ -177,13 +176,23 @@ pub fn written_pages(ptr: *const u8, len: usize) -> io::Result<usize> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    let result = ranges.iter().try_fold(0usize, |sum, &(ptr, len)| {
+        scan_written(fd, ptr, len).map(|n| sum + n)
+    });
+    // SAFETY: our own descriptor, closed once.
+    unsafe { libc::close(fd) };
+    result
+}
+
+/// [`written_pages`] of one range, through the open pagemap `fd`.
+fn scan_written(fd: libc::c_int, ptr: *const u8, len: usize) -> io::Result<usize> {
+    let page = crate::PAGE_SIZE as u64;
+    let start = ptr as u64 & !(page - 1);
+    let end = (ptr as u64 + len as u64).div_ceil(page) * page;
     let mut regions = [PageRegion::default(); 64];
     let mut pages = 0usize;
     let mut at = start;
-    let result = loop {
-        if at >= end {
-            break Ok(pages);
-        }
+    while at < end {
         let mut arg = PmScanArg {
             size: std::mem::size_of::<PmScanArg>() as u64,
             flags: 0,
@@ -202,19 +211,17 @@ pub fn written_pages(ptr: *const u8, len: usize) -> io::Result<usize> {
         // regions and `walk_end`.
         let n = unsafe { libc::ioctl(fd, PAGEMAP_SCAN, &mut arg as *mut PmScanArg) };
         if n < 0 {
-            break Err(io::Error::last_os_error());
+            return Err(io::Error::last_os_error());
         }
         for r in &regions[..n as usize] {
-            pages += ((r.end - r.start) / crate::PAGE_SIZE as u64) as usize;
+            pages += ((r.end - r.start) / page) as usize;
         }
         if arg.walk_end <= at {
-            break Ok(pages); // no progress: never loop forever on a kernel quirk
+            break; // no progress: never loop forever on a kernel quirk
         }
         at = arg.walk_end;
-    };
-    // SAFETY: our own descriptor, closed once.
-    unsafe { libc::close(fd) };
-    result
+    }
+    Ok(pages)
 }
 
 #[cfg(test)]
@@ -225,7 +232,7 @@ mod tests {
     fn written_pages_counts_written_pages_not_zero_pages() {
         let n = 64;
         let m = Mapping::new(n * crate::PAGE_SIZE, MappingFlags::RESERVE_SMALL_PAGES).unwrap();
-        assert_eq!(written_pages(m.as_ptr(), m.len()).unwrap(), 0);
+        assert_eq!(written_pages(&[(m.as_ptr(), m.len())]).unwrap(), 0);
         // SAFETY: inside the mapping just made.
         let s = unsafe { std::slice::from_raw_parts_mut(m.as_ptr(), m.len()) };
         // Reads map the shared zero page: still nothing of their own.
@@ -234,15 +241,18 @@ mod tests {
             sum += std::hint::black_box(s[p * crate::PAGE_SIZE]) as u64;
         }
         assert_eq!(sum, 0);
-        assert_eq!(written_pages(m.as_ptr(), m.len()).unwrap(), 0);
+        assert_eq!(written_pages(&[(m.as_ptr(), m.len())]).unwrap(), 0);
         for p in (0..n).step_by(3) {
             s[p * crate::PAGE_SIZE + 1] = 1;
         }
-        assert_eq!(written_pages(m.as_ptr(), m.len()).unwrap(), n.div_ceil(3));
+        assert_eq!(
+            written_pages(&[(m.as_ptr(), m.len())]).unwrap(),
+            n.div_ceil(3)
+        );
         // A sub-range, starting inside a page.
         // SAFETY: inside the mapping.
         let sub = unsafe { m.as_ptr().add(crate::PAGE_SIZE + 7) };
-        assert_eq!(written_pages(sub, 5 * crate::PAGE_SIZE).unwrap(), 2); // pages 3 and 6 of 1..=6
+        assert_eq!(written_pages(&[(sub, 5 * crate::PAGE_SIZE)]).unwrap(), 2); // pages 3 and 6 of 1..=6
     }
 
     #[test]

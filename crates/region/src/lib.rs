@@ -354,14 +354,17 @@ impl Region {
         // Pinned ranges are mapped ahead with zero pages, which cost no DRAM until written:
         // count the pages that hold memory of their own (the mapped count if the kernel
         // cannot tell).
-        let pinned = pinned_ranges
+        let ranges: Vec<(*const u8, usize)> = pinned_ranges
             .iter()
-            .try_fold(0u64, |sum, &(a, b)| {
-                let at = sh.root.page_addr(a as usize) as *const u8;
-                zmem_os::mapping::written_pages(at, (b - a) as usize * PAGE)
-                    .map(|n| sum + n as u64 * page)
+            .map(|&(a, b)| {
+                (
+                    sh.root.page_addr(a as usize) as *const u8,
+                    (b - a) as usize * PAGE,
+                )
             })
-            .unwrap_or(pinned_mapped);
+            .collect();
+        let pinned =
+            zmem_os::mapping::written_pages(&ranges).map_or(pinned_mapped, |n| n as u64 * page);
         let fault_latency = {
             let h = sh.latency.lock();
             Latency {
