@@ -67,12 +67,7 @@ impl StoreCore {
         let state = State::new(OBJECT)
             .with_object(enc.codec as u8, obj.len())
             .with_flag(HUGE, enc.codec == CodecId::Raw);
-        let slot = &inner.slots[index as usize];
-        let (old, aux) = slot.lock();
-        inner.release(old, aux);
-        inner.count_new(state, 1);
-        slot.unlock_with(state, handle.to_raw());
-        inner.note_object(index, handle.to_raw());
+        inner.install_page(index, state, handle.to_raw());
         Ok(true)
     }
 
@@ -119,14 +114,7 @@ impl StoreCore {
             return Ok(false);
         };
         inner.counters.writes.fetch_add(1, Ordering::Relaxed);
-        let slot = &inner.slots[index as usize];
-        let (old, old_aux) = slot.lock();
-        inner.release(old, old_aux);
-        inner.count_new(state, 1);
-        slot.unlock_with(state, new_aux);
-        if state.kind() == OBJECT {
-            inner.note_object(index, new_aux);
-        }
+        inner.install_page(index, state, new_aux);
         Ok(true)
     }
 
@@ -234,12 +222,7 @@ impl StoreCore {
             inner.block_register(raw, &at[..m]);
             let state = State::new(BLOCK).with_object(codec as u8, len);
             for (j, &k) in members.iter().enumerate() {
-                let slot = &inner.slots[indices[k] as usize];
-                let (old, aux) = slot.lock();
-                inner.release(old, aux);
-                let s = state.with_block(j, m);
-                inner.count_new(s, 1);
-                slot.unlock_with(s, raw);
+                inner.install_page(indices[k], state.with_block(j, m), raw);
             }
         } else if m > 0 {
             // One object per page (a lone page, or a group that did not compress as a block).
@@ -270,12 +253,7 @@ impl StoreCore {
                 let Some((handle, state)) = objects[j] else {
                     continue;
                 };
-                let slot = &inner.slots[indices[k] as usize];
-                let (old, aux) = slot.lock();
-                inner.release(old, aux);
-                inner.count_new(state, 1);
-                slot.unlock_with(state, handle.to_raw());
-                inner.note_object(indices[k], handle.to_raw());
+                inner.install_page(indices[k], state, handle.to_raw());
             }
         }
         for (k, w) in same[..n].iter().enumerate() {
@@ -424,13 +402,21 @@ impl StoreCore {
 }
 
 impl Inner {
-    fn install_same(&self, index: u64, word: u64) {
+    /// Gives page `index` its new state and aux word, freeing what it held before; a new
+    /// single-page object joins the SSD writeback queue.
+    fn install_page(&self, index: u64, state: State, aux: u64) {
         let slot = &self.slots[index as usize];
-        let (old, aux) = slot.lock();
-        self.release(old, aux);
-        let st = State::new(SAME);
-        self.count_new(st, 1);
-        slot.unlock_with(st, word);
+        let (old, old_aux) = slot.lock();
+        self.release(old, old_aux);
+        self.count_new(state, 1);
+        slot.unlock_with(state, aux);
+        if state.kind() == OBJECT {
+            self.note_object(index, aux);
+        }
+    }
+
+    fn install_same(&self, index: u64, word: u64) {
+        self.install_page(index, State::new(SAME), word);
     }
 
     fn mark_pending(&self, start: u64, input: &Arc<[u8]>) {
