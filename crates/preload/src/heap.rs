@@ -138,7 +138,8 @@ pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mu
     if program {
         let p = program_alloc(size, align, zero);
         if p.is_null() || GROW_WANTED.load(Relaxed) {
-            return grow_then_alloc(p, size, align, zero);
+            // SAFETY: as this function's.
+            return grow_then_retry(p, size, || unsafe { program_alloc(size, align, zero) });
         }
         return p;
     }
@@ -169,17 +170,14 @@ unsafe fn program_alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
     })
 }
 
-/// After a program allocation that failed (`p` null) or found the heap asking for its next
-/// arena: adds arenas, and retries a failed allocation once per arena added.
-///
-/// # Safety
-/// As [`program_alloc`].
+/// After a program allocation (or resize) of `size` bytes that failed (`p` null) or found the
+/// heap asking for its next arena: adds arenas, and calls `retry` once per arena added while
+/// it fails.
 #[cold]
-unsafe fn grow_then_alloc(
+fn grow_then_retry(
     mut p: *mut c_void,
     size: usize,
-    align: usize,
-    zero: bool,
+    mut retry: impl FnMut() -> *mut c_void,
 ) -> *mut c_void {
     if !p.is_null() {
         grow(false);
@@ -189,7 +187,7 @@ unsafe fn grow_then_alloc(
         return p; // larger than any arena (mimalloc's largest object is set to one)
     }
     while p.is_null() && grow(true) {
-        p = program_alloc(size, align, zero);
+        p = retry();
     }
     p
 }
@@ -252,13 +250,10 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
                     false => mi::mi_realloc_aligned(p, size, align),
                 })
             };
-            let mut q = resize(p, size);
+            let q = resize(p, size);
             if q.is_null() || GROW_WANTED.load(Relaxed) {
-                // As in `alloc`: on failure `p` is still the program's, unchanged.
-                let failed = q.is_null() && size <= REGION_CHUNK;
-                while grow(q.is_null() && failed) && q.is_null() {
-                    q = resize(p, size);
-                }
+                // As in `alloc`; on failure `p` is still the program's, unchanged.
+                return grow_then_retry(q, size, || resize(p, size));
             }
             q
         }
