@@ -124,7 +124,11 @@ impl Tracker {
             scale: 1.0,
             scratch: vec![(NIL, NIL); SLOTS],
         };
-        t.set_scale(n.max(1));
+        // No budget is known before the first pick, which sets it. Until then the scale must
+        // be small: a new page's minimum protection is two wheel slots, and slots sized for
+        // the whole region (94 GiB of heap: 24M pages) kept every page touched before the
+        // first eviction protected to the end of the run.
+        t.set_scale(1);
         t
     }
 
@@ -908,6 +912,41 @@ mod tests {
             );
         }
         check(&t);
+    }
+
+    /// Picks of a fill of `budget` pages, then a stream of `budget` new pages, each after one
+    /// pick, on a tracker for `pages` pages.
+    fn fill_then_stream(pages: usize, budget: u32) -> Vec<u32> {
+        let mut t = Tracker::new(pages, Eviction::Clock);
+        let mut out = Vec::new();
+        for p in 0..budget {
+            t.insert(p);
+        }
+        for p in budget..2 * budget {
+            t.pick(1, &mut out);
+            t.insert(p);
+        }
+        check(&t);
+        out
+    }
+
+    #[test]
+    fn pages_touched_before_the_first_eviction_are_not_protected() {
+        // Never-refaulted pages leave in the order they came, whether they came before the
+        // first eviction or after, and however large the region. (Before, the minimum
+        // protection of a new page was two wheel slots of a wheel sized for the whole region
+        // until the first pick: on a 94 GiB heap, every page touched before the first
+        // eviction was kept to the end, and GNU sort at a 64M budget took 40-49k major faults
+        // where FIFO took 28-31k.)
+        let budget = 4096;
+        let small = fill_then_stream(2 * budget as usize, budget);
+        let large = fill_then_stream(1 << 24, budget);
+        assert_eq!(small, large, "the picks depend on the region's size");
+        let fifo: Vec<u32> = (0..budget).collect();
+        assert_eq!(
+            small, fifo,
+            "first touches do not leave in the order they came"
+        );
     }
 
     #[test]
