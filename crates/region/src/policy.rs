@@ -108,7 +108,7 @@ impl Tracker {
     pub fn new(pages: usize, kind: Eviction) -> Tracker {
         let pages = pages.min(u32::MAX as usize) as u32;
         let n = pages as usize;
-        let mut t = Tracker {
+        Tracker {
             kind,
             pages,
             resident: 0,
@@ -121,15 +121,13 @@ impl Tracker {
             tick: 0,
             cur: 0,
             width: 1,
+            // No budget is known before the first pick, which sets it. Until then the wheel
+            // stays at its smallest (one page, slots one tick wide): a new page's minimum
+            // protection is two slots, and slots sized for the whole region (94 GiB of heap:
+            // 24M pages) kept every page touched before the first eviction to the end of the run.
             scale: 1.0,
             scratch: vec![(NIL, NIL); SLOTS],
-        };
-        // No budget is known before the first pick, which sets it. Until then the scale must
-        // be small: a new page's minimum protection is two wheel slots, and slots sized for
-        // the whole region (94 GiB of heap: 24M pages) kept every page touched before the
-        // first eviction protected to the end of the run.
-        t.set_scale(1);
-        t
+        }
     }
 
     /// The policy.
@@ -936,8 +934,8 @@ mod tests {
         // first eviction or after, and however large the region. (Before, the minimum
         // protection of a new page was two wheel slots of a wheel sized for the whole region
         // until the first pick: on a 94 GiB heap, every page touched before the first
-        // eviction was kept to the end, and GNU sort at a 64M budget took 40-49k major faults
-        // where FIFO took 28-31k.)
+        // eviction was kept to the end, and GNU sort at a 64M budget took 37-49k major faults
+        // where FIFO took 27-33k.)
         let budget = 4096;
         let small = fill_then_stream(2 * budget as usize, budget);
         let large = fill_then_stream(1 << 24, budget);
