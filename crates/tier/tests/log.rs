@@ -269,8 +269,10 @@ fn a_stale_segment_is_detected() {
         let image = io.peek(old.segment());
         c.discard(1);
         c.discard(2);
-        // The emptied segment is reclaimed and the next writes reuse segments.
-        assert!(log.collect(8) >= 1);
+        // The emptied segment is reclaimed (here, or before by the background collector the
+        // discards woke: a count returned here would race with it) and the next writes reuse
+        // segments.
+        log.collect(8);
         let mut reused = false;
         for v in 1..8 {
             c.write(&[(1, page(1, v, 1000)), (2, page(2, v, 1000))])
