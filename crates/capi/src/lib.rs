@@ -1256,7 +1256,20 @@ mod tests {
                 *b = byte(i, k);
             }
         }
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        // The writeback runs in the background: wait for it (up to 10 s on a loaded machine).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let mut s = zmem_stats::default();
+            // SAFETY: r is live, s writable.
+            assert_eq!(
+                unsafe { zmem_region_stats(r, &mut s) },
+                zmem_status::ZMEM_OK
+            );
+            if s.ssd_writeback_pages > 0 || std::time::Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         for (i, chunk) in mem.chunks(4096).enumerate().rev() {
             assert!(
                 chunk.iter().enumerate().all(|(k, &b)| b == byte(i, k)),

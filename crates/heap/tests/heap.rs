@@ -333,7 +333,12 @@ fn an_ssd_tier_under_the_heap() {
             p
         })
         .collect();
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The writeback thread moves the pool's oldest pages to the log in the background: wait
+    // for it (a loaded machine may take more than a moment).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while h.stats().region.store.writeback_pages == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     for (i, p) in blocks.iter().enumerate().rev() {
         // SAFETY: live blocks.
         unsafe { assert_eq!(first_wrong(p.as_ptr(), 4000, i as u64), None, "block {i}") };

@@ -78,7 +78,11 @@ fn a_forked_child_reads_pages_from_the_ssd_tier() {
     for i in 0..pages {
         fill(page_mut(&r, i), i, 3);
     }
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The writeback runs in the background: wait for it (up to 10 s on a loaded machine).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while r.stats().store.lower_pages == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert!(r.stats().store.lower_pages > 0, "{:?}", r.stats().store);
     // SAFETY: the child only reads the region and exits with _exit.
     let pid = unsafe { libc::fork() };
