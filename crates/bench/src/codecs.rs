@@ -70,53 +70,67 @@ fn time_passes(mut pass: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f
 
 fn library_pass(codec: Codec, blocks: &[&[u8]], out: &mut [u8]) -> anyhow::Result<()> {
     for b in blocks {
-        match codec {
-            Codec::Lz4 { .. } => {
-                // SAFETY: out holds LZ4_compressBound of any block (sized by the caller).
-                let n = unsafe {
-                    lz4_sys::LZ4_compress_default(
-                        b.as_ptr().cast(),
-                        out.as_mut_ptr().cast(),
-                        b.len() as i32,
-                        out.len() as i32,
-                    )
-                };
-                anyhow::ensure!(n > 0, "lz4 failed");
-            }
-            Codec::Zstd { level } => {
-                // The library at its best: one reused context (ZSTD_compressCCtx), its own frame.
-                thread_local! {
-                    static Z: std::cell::RefCell<zstd_safe::CCtx<'static>> =
-                        std::cell::RefCell::new(zstd_safe::CCtx::create());
-                }
-                Z.with(|z| z.borrow_mut().compress(out, b, level))
-                    .map_err(|c| anyhow::anyhow!("zstd: {}", zstd_safe::get_error_name(c)))?;
-            }
-            Codec::Deflate { level } => {
-                thread_local! {
-                    static C: std::cell::RefCell<Vec<(i32, libdeflater::Compressor)>> =
-                        const { std::cell::RefCell::new(Vec::new()) };
-                }
-                C.with(|c| -> anyhow::Result<()> {
-                    let mut c = c.borrow_mut();
-                    if !c.iter().any(|(l, _)| *l == level) {
-                        let lvl = libdeflater::CompressionLvl::new(level)
-                            .map_err(|e| anyhow::anyhow!("deflate level: {e:?}"))?;
-                        c.push((level, libdeflater::Compressor::new(lvl)));
-                    }
-                    let (_, comp) = c
-                        .iter_mut()
-                        .find(|(l, _)| *l == level)
-                        .context("compressor")?;
-                    comp.deflate_compress(b, out)
-                        .map_err(|e| anyhow::anyhow!("deflate: {e:?}"))?;
-                    Ok(())
-                })?;
-            }
-            Codec::Raw => out[..b.len()].copy_from_slice(b),
-        }
+        library_compress(codec, b, out)?;
     }
     Ok(())
+}
+
+/// Compresses `b` into `out` with the bare library call of `codec` (lz4
+/// LZ4_compress_default, zstd ZSTD_compressCCtx with its own frame, libdeflate
+/// deflate_compress, raw a copy); the compressed length. `out` must hold the codec's bound.
+pub(crate) fn library_compress(codec: Codec, b: &[u8], out: &mut [u8]) -> anyhow::Result<usize> {
+    match codec {
+        Codec::Lz4 { .. } => {
+            anyhow::ensure!(
+                out.len() >= b.len() + b.len() / 255 + 16,
+                "lz4 output buffer too small"
+            );
+            // SAFETY: out holds LZ4_compressBound(b.len()) bytes (checked above).
+            let n = unsafe {
+                lz4_sys::LZ4_compress_default(
+                    b.as_ptr().cast(),
+                    out.as_mut_ptr().cast(),
+                    b.len() as i32,
+                    out.len() as i32,
+                )
+            };
+            anyhow::ensure!(n > 0, "lz4 failed");
+            Ok(n as usize)
+        }
+        Codec::Zstd { level } => {
+            // The library at its best: one reused context (ZSTD_compressCCtx), its own frame.
+            thread_local! {
+                static Z: std::cell::RefCell<zstd_safe::CCtx<'static>> =
+                    std::cell::RefCell::new(zstd_safe::CCtx::create());
+            }
+            Z.with(|z| z.borrow_mut().compress(out, b, level))
+                .map_err(|c| anyhow::anyhow!("zstd: {}", zstd_safe::get_error_name(c)))
+        }
+        Codec::Deflate { level } => {
+            thread_local! {
+                static C: std::cell::RefCell<Vec<(i32, libdeflater::Compressor)>> =
+                    const { std::cell::RefCell::new(Vec::new()) };
+            }
+            C.with(|c| -> anyhow::Result<usize> {
+                let mut c = c.borrow_mut();
+                if !c.iter().any(|(l, _)| *l == level) {
+                    let lvl = libdeflater::CompressionLvl::new(level)
+                        .map_err(|e| anyhow::anyhow!("deflate level: {e:?}"))?;
+                    c.push((level, libdeflater::Compressor::new(lvl)));
+                }
+                let (_, comp) = c
+                    .iter_mut()
+                    .find(|(l, _)| *l == level)
+                    .context("compressor")?;
+                comp.deflate_compress(b, out)
+                    .map_err(|e| anyhow::anyhow!("deflate: {e:?}"))
+            })
+        }
+        Codec::Raw => {
+            out[..b.len()].copy_from_slice(b);
+            Ok(b.len())
+        }
+    }
 }
 
 pub fn run(args: &CodecsArgs) -> anyhow::Result<()> {

@@ -11,7 +11,7 @@ use crate::blockdev::BlockDevTarget;
 use crate::corpus::{default_corpus, Corpus};
 use crate::kernel::zram::ZramSession;
 use crate::pages::{self, PagesResult, PagesSpec, Rw};
-use crate::report::{corpus_info, finish_chart, text_table, write_json, MachineInfo};
+use crate::report::{corpus_info, finish_chart, text_table, write_json, MachineInfo, SlotAxis};
 use crate::target::POLICIES;
 use crate::zmem_target::{self, ZmemTargetConfig};
 use clap::Args;
@@ -274,8 +274,17 @@ pub fn throughput_table(cmp: &Comparison, specs: &[PagesSpec], args: &CompareArg
 /// Write rows: ratio (orig / mem_used_total) and CPU s/GiB per target.
 pub fn memory_table(cmp: &Comparison, specs: &[PagesSpec]) -> String {
     let mut header = vec!["memory (writes)".to_string()];
+    // Targets with an idle pass (zmem `auto`) get a column for the ratio once it ran.
+    let settles = |l: &String| {
+        cmp.entries
+            .iter()
+            .any(|e| &e.label == l && e.result.settled.is_some())
+    };
     for l in &cmp.labels {
         header.push(format!("{l} ratio"));
+        if settles(l) {
+            header.push(format!("{l} settled"));
+        }
         header.push(format!("{l} cpu s/GiB"));
     }
     let rows: Vec<Vec<String>> = specs
@@ -285,16 +294,16 @@ pub fn memory_table(cmp: &Comparison, specs: &[PagesSpec]) -> String {
             let cell = s.cell();
             let mut row = vec![cell.clone()];
             for l in &cmp.labels {
-                match cmp.get(l, &cell) {
-                    Some(r) => {
-                        row.push(r.ratio_mem_used.map_or("-".into(), |x| format!("{x:.3}")));
-                        row.push(format!("{:.3}", r.cpu_s_per_gib));
-                    }
-                    None => {
-                        row.push("-".into());
-                        row.push("-".into());
-                    }
+                let r = cmp.get(l, &cell);
+                let ratio = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.3}"));
+                row.push(ratio(r.and_then(|r| r.ratio_mem_used)));
+                if settles(l) {
+                    row.push(ratio(
+                        r.and_then(|r| r.settled.as_ref())
+                            .and_then(|s| s.ratio_mem_used),
+                    ));
                 }
+                row.push(r.map_or("-".into(), |r| format!("{:.3}", r.cpu_s_per_gib)));
             }
             row
         })
@@ -328,7 +337,7 @@ pub fn plot(cmp: &Comparison, specs: &[PagesSpec], path: &Path) -> anyhow::Resul
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(70)
-        .build_cartesian_2d(CellAxis(n), 0f64..ymax)?;
+        .build_cartesian_2d(SlotAxis(n), 0f64..ymax)?;
     let label_of = |x: &f64| {
         let i = x.floor().max(0.0) as usize;
         cells.get(i).cloned().unwrap_or_default()
@@ -361,28 +370,4 @@ pub fn plot(cmp: &Comparison, specs: &[PagesSpec], path: &Path) -> anyhow::Resul
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
     finish_chart(&root, &mut chart, SeriesLabelPosition::UpperRight)
-}
-
-/// x axis of the chart: one unit per cell, a tick (and label) at the centre of each.
-struct CellAxis(usize);
-
-impl plotters::coord::ranged1d::Ranged for CellAxis {
-    type FormatOption = plotters::coord::ranged1d::DefaultFormatting;
-    type ValueType = f64;
-
-    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
-        let span = f64::from(limit.1 - limit.0);
-        limit.0 + (span * value / self.0 as f64).round() as i32
-    }
-
-    fn key_points<H: plotters::coord::ranged1d::KeyPointHint>(&self, hint: H) -> Vec<f64> {
-        if hint.weight().allow_light_points() {
-            return Vec::new();
-        }
-        (0..self.0).map(|i| i as f64 + 0.5).collect()
-    }
-
-    fn range(&self) -> std::ops::Range<f64> {
-        0.0..self.0 as f64
-    }
 }

@@ -8,7 +8,7 @@
 //! zmem-workload crate, shared with the region's policy simulator.
 //!
 //! Benchmarks: [`pages`] (with its targets [`blockdev`] and [`zmem_target`]), [`compare`],
-//! [`codecs`], [`region`], [`adaptive`], [`kv`] (with [`redis`] and [`memcached`]), [`programs`],
+//! [`codecs`], [`heaps`], [`region`], [`adaptive`], [`kv`] (with [`redis`] and [`memcached`]), [`programs`],
 //! [`ssd`].
 
 pub mod abort;
@@ -22,6 +22,7 @@ pub mod adaptive;
 pub mod blockdev;
 pub mod codecs;
 pub mod compare;
+pub mod heaps;
 pub mod kv;
 pub mod memcached;
 pub mod pages;
@@ -62,6 +63,10 @@ pub enum BenchCommand {
     Redis(Box<kv::KvArgs>),
     /// The same experiment on memcached.
     Memcached(Box<kv::KvArgs>),
+    /// Compression ratios on real heaps: redis, Python, Node and a JVM loaded with real data,
+    /// their anonymous pages captured, written to zram and to zmem (every policy, `auto` also
+    /// settled) beside the bare codecs on the same pages.
+    Heaps(Box<heaps::HeapsArgs>),
     /// Real programs (sqlite3, sort, jq, xz, gcc, python3) plain, under `zmem run --resident B`
     /// and under the kernel (cgroup limit B, zram swap): outputs checked identical, times and
     /// major faults side by side.
@@ -89,6 +94,7 @@ impl BenchCommand {
             BenchCommand::Redis(a) => redis::run(&a),
             BenchCommand::Memcached(a) => memcached::run(&a),
             BenchCommand::Programs(a) => programs::run::run(&a),
+            BenchCommand::Heaps(a) => heaps::run(&a),
             BenchCommand::Ssd(a) => ssd::run::run(&a),
             BenchCommand::SsdWorker(a) => ssd::worker::worker_main(&a),
         }

@@ -239,7 +239,21 @@ pub struct PagesResult {
     pub verified_bytes: u64,
     /// Seconds spent filling the target before a read phase (untimed), if any.
     pub prefill_s: Option<f64>,
+    /// After a write phase, the state once the target's idle pass ran (zmem `auto`); None for
+    /// targets without one.
+    pub settled: Option<Settled>,
     pub extra: serde_json::Value,
+}
+
+/// A target's memory after its idle pass ([`PageTarget::settle`]), untimed in the phase.
+#[derive(Clone, Debug, Serialize)]
+pub struct Settled {
+    /// Wall and CPU seconds of the pass.
+    pub seconds: f64,
+    pub cpu_s: f64,
+    pub memory: MemoryReport,
+    pub ratio_mem_used: Option<f64>,
+    pub ratio_compr: Option<f64>,
 }
 
 impl PagesResult {
@@ -260,7 +274,13 @@ impl PagesResult {
             self.latency.p999_us,
             ratio(self.ratio_mem_used),
             ratio(self.ratio_compr),
-        )
+        ) + &self.settled.as_ref().map_or(String::new(), |st| {
+            format!(
+                ", settled {} after a {:.2} s idle pass",
+                ratio(st.ratio_mem_used),
+                st.seconds
+            )
+        })
     }
 }
 
@@ -522,6 +542,31 @@ pub fn run(
     let memory = target
         .memory()
         .with_context(|| format!("memory report of {name}"))?;
+
+    // The settled state (zmem `auto` after its idle pass), before the read-back below so that
+    // the verification covers the recompressed data.
+    let mut settled = None;
+    if spec.rw.is_write() {
+        let (u0, s0) = cpu_times();
+        let t0 = Instant::now();
+        if target
+            .settle()
+            .with_context(|| format!("settling {name}"))?
+        {
+            let seconds = t0.elapsed().as_secs_f64();
+            let (u1, s1) = cpu_times();
+            let memory = target
+                .memory()
+                .with_context(|| format!("memory report of {name} after settling"))?;
+            settled = Some(Settled {
+                seconds,
+                cpu_s: (u1 - u0) + (s1 - s0),
+                ratio_mem_used: memory.ratio_mem_used(),
+                ratio_compr: memory.ratio_compr(),
+                memory,
+            });
+        }
+    }
     let extra = target.extra();
 
     let mut verified = out.verified;
@@ -564,6 +609,7 @@ pub fn run(
         memory,
         verified_bytes: verified,
         prefill_s,
+        settled,
         extra,
     })
 }

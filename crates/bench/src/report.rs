@@ -177,6 +177,31 @@ pub fn finish_chart<'a, CT: CoordTranslate>(
     Ok(())
 }
 
+/// The x axis of a grouped bar chart: one unit-wide slot per category, a tick (and label, see
+/// [`slot_label`]) at the centre of each.
+pub struct SlotAxis(pub usize);
+
+impl plotters::coord::ranged1d::Ranged for SlotAxis {
+    type FormatOption = plotters::coord::ranged1d::DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        let span = f64::from(limit.1 - limit.0);
+        limit.0 + (span * value / self.0 as f64).round() as i32
+    }
+
+    fn key_points<H: plotters::coord::ranged1d::KeyPointHint>(&self, hint: H) -> Vec<f64> {
+        if hint.weight().allow_light_points() {
+            return Vec::new();
+        }
+        (0..self.0).map(|i| i as f64 + 0.5).collect()
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        0.0..self.0 as f64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -26,6 +26,12 @@ pub trait PageTarget: Send + Sync {
     fn extra(&self) -> serde_json::Value {
         serde_json::Value::Null
     }
+    /// Runs now what the target would do to idle data in the background (zmem `auto`: its idle
+    /// recompression pass), so a run can report the settled state beside the first. Returns
+    /// false for a target that has no such pass (zram here, the other zmem policies).
+    fn settle(&self) -> anyhow::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// Memory accounting of a target, zram's mm_stat fields.

@@ -227,3 +227,35 @@ fn size_larger_than_target_is_an_error() {
         Some(PagesError::LargerThanTarget { .. })
     ));
 }
+
+#[test]
+fn auto_reports_its_settled_state_and_the_other_policies_do_not() {
+    use zmem_bench::zmem_target::{open, ZmemTargetConfig};
+    let c = corpus();
+    let s = spec(Rw::Write, 4096, 1, 4 << 20);
+    let run = |policy: &str| {
+        let t = open(&ZmemTargetConfig {
+            size: 4 << 20,
+            policy: policy.into(),
+            block: None,
+            mem_limit: None,
+        })
+        .unwrap();
+        let r = pages::run(t.as_ref(), &c, &s).unwrap();
+        // Settling must leave every page readable as written.
+        assert_eq!(pages::verify_contents(t.as_ref(), &c, &s).unwrap(), 4 << 20);
+        r
+    };
+    let auto = run("auto");
+    let settled = auto.settled.as_ref().expect("auto has an idle pass");
+    assert_eq!(settled.memory.orig_data_size, auto.memory.orig_data_size);
+    // lz4 pages recompressed as zstd-1 blocks take less memory.
+    assert!(
+        settled.ratio_mem_used.unwrap() > auto.ratio_mem_used.unwrap() * 1.1,
+        "{auto:?}"
+    );
+    assert!(auto.summary().contains("settled"), "{}", auto.summary());
+    let fast = run("fast");
+    assert!(fast.settled.is_none());
+    assert!(!fast.summary().contains("settled"));
+}
