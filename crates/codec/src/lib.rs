@@ -556,9 +556,24 @@ fn zstd_compress(
                 let cdict = d.cdict(level)?;
                 z.cctx.ref_cdict(&cdict).map_err(zstd_err)?;
                 let r = z.cctx.compress2(dst, input);
+                if r.is_err() {
+                    // A failed compression leaves the session mid-frame, where zstd refuses
+                    // any parameter change, the dictionary's removal included ("Operation not
+                    // authorized at current processing stage"): end it first. Before this,
+                    // the first page that did not fit left the context refusing every later
+                    // dictionary compression on this thread.
+                    let _ = z.cctx.reset(zstd_safe::ResetDirective::SessionOnly);
+                }
                 // Drop the reference before `cdict` can go away: the context must never
-                // point at a dictionary it does not own.
-                z.cctx.disable_dictionary().map_err(zstd_err)?;
+                // point at a dictionary it does not own. Should zstd still refuse, a full
+                // reset drops it with every parameter, and the base ones are set again.
+                if z.cctx.disable_dictionary().is_err() {
+                    z.cctx
+                        .reset(zstd_safe::ResetDirective::SessionAndParameters)
+                        .map_err(zstd_err)?;
+                    zstd_base_params(&mut z.cctx)?;
+                    z.level = None;
+                }
                 r
             }
             None => z.cctx.compress2(dst, input),

@@ -191,6 +191,48 @@ fn dictionary_round_trip_and_mismatch() {
 }
 
 #[test]
+fn a_page_that_does_not_fit_leaves_dictionary_compression_working() {
+    // Found by `bench heaps`: a dictionary compression whose output did not fit left the
+    // thread's zstd context mid-frame, so removing the dictionary failed and every later
+    // dictionary compression on that thread failed too.
+    let text = sample_text(256 * 1024);
+    let samples: Vec<&[u8]> = text.chunks(PAGE_SIZE).collect();
+    let dict = Dictionary::new(3, train_dictionary(&samples, 16 * 1024).unwrap()).unwrap();
+    let mut noise = vec![0u8; PAGE_SIZE];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for b in &mut noise {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut out = vec![0u8; max_encoded_len(PAGE_SIZE)];
+    for level in [1, 3] {
+        for round in 0..3 {
+            let e = encode(
+                Codec::Zstd { level },
+                Some(&dict),
+                &noise,
+                &mut out,
+                DEFAULT_REJECT_RATIO,
+            )
+            .unwrap();
+            assert!(
+                e.rejected && e.codec == CodecId::Raw,
+                "{level}/{round}: {e:?}"
+            );
+            for page in samples.iter().skip(round * 7).take(5) {
+                let e = round_trip(Codec::Zstd { level }, Some(&dict), page);
+                assert_eq!(e.codec, CodecId::Zstd, "{level}/{round}");
+                assert!(!e.rejected);
+            }
+            // And without the dictionary on the same thread.
+            round_trip(Codec::Zstd { level }, None, samples[round]);
+        }
+    }
+}
+
+#[test]
 fn codec_names_parse_and_reject() {
     assert_eq!("lz4".parse::<Codec>().unwrap(), Codec::LZ4);
     assert_eq!("zstd".parse::<Codec>().unwrap(), Codec::Zstd { level: 1 });
