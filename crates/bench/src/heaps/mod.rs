@@ -157,12 +157,19 @@ pub fn run(args: &HeapsArgs) -> anyhow::Result<()> {
         crate::abort::check_abort()?;
         let info = match obtain(args, &data, program) {
             Ok(info) => info,
-            Err(e) if e.downcast_ref::<Missing>().is_some() => {
-                eprintln!("zmem: {program} skipped: {e}");
-                skipped.push((program.clone(), e.to_string()));
+            Err(e) if e.downcast_ref::<crate::abort::Interrupted>().is_some() => return Err(e),
+            Err(e) => {
+                // Not installed, or it failed to load its data (a JRE without the compiler
+                // the single-file launcher needs, say): the other heaps are still measured.
+                let why = if e.downcast_ref::<Missing>().is_some() {
+                    e.to_string()
+                } else {
+                    format!("capturing its heap failed: {e:#}")
+                };
+                eprintln!("zmem: {program} skipped: {why}");
+                skipped.push((program.clone(), why));
                 continue;
             }
-            Err(e) => return Err(e.context(format!("capturing the heap of {program}"))),
         };
         results.push(
             measure(args, program, info).with_context(|| format!("measuring {program}'s heap"))?,
@@ -179,6 +186,9 @@ pub fn run(args: &HeapsArgs) -> anyhow::Result<()> {
     );
     let table = ratio_table(&results);
     println!("{table}");
+    for (p, why) in &skipped {
+        println!("{p}: skipped ({why})");
+    }
     let zstd = target_line(&results);
     println!("{zstd}");
 
