@@ -11,7 +11,9 @@ use crate::blockdev::BlockDevTarget;
 use crate::corpus::{default_corpus, Corpus};
 use crate::kernel::zram::ZramSession;
 use crate::pages::{self, PagesResult, PagesSpec, Rw};
-use crate::report::{corpus_info, finish_chart, text_table, write_json, MachineInfo, SlotAxis};
+use crate::report::{
+    corpus_info, draw_grouped_bars, finish_chart, text_table, write_json, MachineInfo, SlotAxis,
+};
 use crate::target::POLICIES;
 use crate::zmem_target::{self, ZmemTargetConfig};
 use clap::Args;
@@ -318,7 +320,6 @@ pub fn plot(cmp: &Comparison, specs: &[PagesSpec], path: &Path) -> anyhow::Resul
     }
     let cells: Vec<String> = specs.iter().map(|s| s.cell()).collect();
     let n = cells.len().max(1);
-    let k = cmp.labels.len().max(1);
     let ymax = cmp
         .entries
         .iter()
@@ -349,25 +350,8 @@ pub fn plot(cmp: &Comparison, specs: &[PagesSpec], path: &Path) -> anyhow::Resul
         .x_desc("bs / jobs / rw")
         .y_desc("MiB/s")
         .draw()?;
-    let w = 0.8 / k as f64;
-    for (j, label) in cmp.labels.iter().enumerate() {
-        let color = Palette99::pick(j).to_rgba();
-        let bars: Vec<Rectangle<(f64, f64)>> = cells
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let r = cmp.get(label, c)?;
-                let x0 = i as f64 + 0.1 + j as f64 * w;
-                Some(Rectangle::new(
-                    [(x0, 0.0), (x0 + w, r.mib_s)],
-                    color.filled(),
-                ))
-            })
-            .collect();
-        chart
-            .draw_series(bars)?
-            .label(label.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
-    }
+    draw_grouped_bars(&mut chart, &cmp.labels, n, |j, i| {
+        cmp.get(&cmp.labels[j], cells.get(i)?).map(|r| r.mib_s)
+    })?;
     finish_chart(&root, &mut chart, SeriesLabelPosition::UpperRight)
 }

@@ -177,6 +177,38 @@ pub fn finish_chart<'a, CT: CoordTranslate>(
     Ok(())
 }
 
+/// One bar per series in each of `groups` unit-wide slots of a [`SlotAxis`] chart: series `j`
+/// has the label `series[j]` and, in slot `i`, the height `value(j, i)` (None: no bar).
+pub fn draw_grouped_bars<'a>(
+    chart: &mut ChartContext<
+        'a,
+        SVGBackend<'a>,
+        Cartesian2d<SlotAxis, plotters::coord::types::RangedCoordf64>,
+    >,
+    series: &[String],
+    groups: usize,
+    value: impl Fn(usize, usize) -> Option<f64>,
+) -> anyhow::Result<()> {
+    let w = 0.8 / series.len().max(1) as f64;
+    for (j, label) in series.iter().enumerate() {
+        let color = Palette99::pick(j).to_rgba();
+        let bars: Vec<Rectangle<(f64, f64)>> = (0..groups)
+            .filter_map(|i| {
+                let x0 = i as f64 + 0.1 + j as f64 * w;
+                Some(Rectangle::new(
+                    [(x0, 0.0), (x0 + w, value(j, i)?)],
+                    color.filled(),
+                ))
+            })
+            .collect();
+        chart
+            .draw_series(bars)?
+            .label(label.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    Ok(())
+}
+
 /// The x axis of a grouped bar chart: one unit-wide slot per category, a tick (and label, see
 /// [`slot_label`]) at the centre of each.
 pub struct SlotAxis(pub usize);

@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{fails_with, heavy, read_json, tmpdir, zmem, zmem_cmd};
+use support::{fails_with, heavy, installed, read_json, tmpdir, zmem, zmem_cmd};
 
 #[test]
 fn bad_flags_are_one_line_and_exit_2() {
@@ -50,11 +50,6 @@ fn help_lists_the_flags() {
     assert!(s.contains("heaps"), "{s}");
 }
 
-fn installed(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-}
-
 #[test]
 fn redis_and_python_heaps_are_captured_measured_and_reused() {
     let data = zmem_bench::heaps::default_data();
@@ -62,7 +57,7 @@ fn redis_and_python_heaps_are_captured_measured_and_reused() {
         eprintln!("skipped: the Silesia corpus is not at {}", data.display());
         return;
     }
-    if !installed("redis-server") || !installed("python3") {
+    if installed("redis-server").is_none() || installed("python3").is_none() {
         eprintln!("skipped: redis-server or python3 is not installed");
         return;
     }
@@ -167,7 +162,10 @@ fn redis_and_python_heaps_are_captured_measured_and_reused() {
 #[test]
 fn a_program_that_fails_to_load_is_skipped_and_the_others_are_measured() {
     let data = zmem_bench::heaps::default_data();
-    if !data.join("dickens").exists() || !installed("redis-server") || !installed("python3") {
+    if !data.join("dickens").exists()
+        || installed("redis-server").is_none()
+        || installed("python3").is_none()
+    {
         eprintln!("skipped: needs the Silesia corpus, redis-server and python3");
         return;
     }

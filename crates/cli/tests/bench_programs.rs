@@ -6,14 +6,9 @@
 mod support;
 
 use support::{
-    fails_with, heavy, is_root, kernel, machine_state, read_json, ready, tmpdir, zmem, zmem_cmd,
-    Skip,
+    fails_with, heavy, installed, is_root, kernel, machine_state, read_json, ready, tmpdir, zmem,
+    zmem_cmd, Skip,
 };
-
-fn installed(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-}
 
 #[test]
 fn bad_flags_are_one_line_and_exit_2() {
@@ -76,7 +71,7 @@ fn runs<'a>(doc: &'a serde_json::Value, name: &str, side: &str) -> Vec<&'a serde
 
 #[test]
 fn sort_and_sqlite_under_zmem_match_the_plain_run() {
-    if !installed("sort") || !installed("sqlite3") {
+    if installed("sort").is_none() || installed("sqlite3").is_none() {
         eprintln!("skipped: sort or sqlite3 is not installed (coreutils, sqlite3)");
         return;
     }
@@ -153,7 +148,7 @@ fn kernel_side_restores_zram_swap_and_cgroups() {
         eprintln!("skipped: the kernel side needs root");
         return;
     }
-    if !installed("sort") {
+    if installed("sort").is_none() {
         eprintln!("skipped: sort is not installed (coreutils)");
         return;
     }

@@ -24,7 +24,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use support::{
-    heavy, is_root, read_json, require_preload, socket_dir, tmpdir, zmem_cmd, zmem_exe, Skip, MIB,
+    heavy, installed, is_root, read_json, require_preload, socket_dir, tmpdir, zmem_cmd, zmem_exe,
+    Skip, MIB,
 };
 use zmem_region::PAGE;
 
@@ -32,14 +33,6 @@ use zmem_region::PAGE;
 /// permission skips.
 fn ready() -> bool {
     support::ready(Skip::PermissionOnly)
-}
-
-fn installed(bin: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
-        .map(|d| d.join(bin))
-        .find(|p| p.is_file())
 }
 
 /// Compiles tests/c/`name`.c into `dir`.

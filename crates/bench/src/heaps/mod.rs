@@ -27,7 +27,8 @@ use crate::kernel::zram::ZramSession;
 use crate::pages::{self, PagesResult, PagesSpec, Rw};
 use crate::process::ScratchDir;
 use crate::report::{
-    finish_chart, progress_bar, slot_label, text_table, write_json, MachineInfo, SlotAxis,
+    draw_grouped_bars, finish_chart, progress_bar, slot_label, text_table, write_json, MachineInfo,
+    SlotAxis,
 };
 use crate::target::{PAGE, POLICIES};
 use crate::zmem_target::{self, ZmemTargetConfig};
@@ -453,25 +454,9 @@ fn plot(results: &[HeapResult], path: &Path) -> anyhow::Result<()> {
         .x_desc("program")
         .y_desc("orig / DRAM")
         .draw()?;
-    let w = 0.8 / labels.len().max(1) as f64;
-    for (j, label) in labels.iter().enumerate() {
-        let color = Palette99::pick(j).to_rgba();
-        let bars: Vec<Rectangle<(f64, f64)>> = results
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                let x0 = i as f64 + 0.1 + j as f64 * w;
-                Some(Rectangle::new(
-                    [(x0, 0.0), (x0 + w, r.ratio(label)?)],
-                    color.filled(),
-                ))
-            })
-            .collect();
-        chart
-            .draw_series(bars)?
-            .label(label.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
-    }
+    draw_grouped_bars(&mut chart, &labels, results.len(), |j, i| {
+        results[i].ratio(&labels[j])
+    })?;
     finish_chart(&root, &mut chart, SeriesLabelPosition::UpperRight)
 }
 

@@ -187,6 +187,15 @@ pub fn corpus_args() -> Vec<String> {
     ]
 }
 
+/// The path of `bin` in PATH (or /usr/bin, /usr/sbin), if it is installed.
+pub fn installed(bin: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
+}
+
 /// A scratch directory under cargo's target tmpdir.
 pub fn tmpdir() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
