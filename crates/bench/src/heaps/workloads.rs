@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -53,42 +53,23 @@ impl Drop for Running {
 /// Starts `program` with data built from `corpus` (scaled by `scale`) and returns once it holds
 /// it. Work files go to `scratch`. A program that is not installed is [`Missing`].
 pub fn start(program: &str, corpus: &Path, scale: f64, scratch: &Path) -> anyhow::Result<Running> {
-    let corpus_arg = corpus.display().to_string();
-    let scale_arg = format!("{scale}");
-    let script = |name: &str, text: &str| -> anyhow::Result<PathBuf> {
-        let p = scratch.join(name);
-        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
-        Ok(p)
-    };
-    match program {
-        "python" => {
-            let s = script("workload.py", PYTHON)?;
-            scripted(
-                "python3",
-                &[s.display().to_string(), corpus_arg, scale_arg],
-                scratch,
-            )
-        }
-        "node" => {
-            let s = script("workload.js", NODE)?;
-            scripted(
-                "node",
-                &[s.display().to_string(), corpus_arg, scale_arg],
-                scratch,
-            )
-        }
-        "java" => {
-            // The single-file source launcher compiles in memory; the JVM runs in this process.
-            let s = script("HeapWorkload.java", JAVA)?;
-            scripted(
-                "java",
-                &[s.display().to_string(), corpus_arg, scale_arg],
-                scratch,
-            )
-        }
-        "redis" => redis(corpus, scale, scratch),
+    // The interpreter, and the workload script it runs (written into `scratch`). Java's
+    // single-file source launcher compiles in memory: the JVM runs in the process started.
+    let (exe, name, text) = match program {
+        "python" => ("python3", "workload.py", PYTHON),
+        "node" => ("node", "workload.js", NODE),
+        "java" => ("java", "HeapWorkload.java", JAVA),
+        "redis" => return redis(corpus, scale, scratch),
         other => anyhow::bail!("unknown program {other:?} (known: {})", PROGRAMS.join(", ")),
-    }
+    };
+    let script = scratch.join(name);
+    std::fs::write(&script, text).with_context(|| format!("writing {}", script.display()))?;
+    let args = [
+        script.display().to_string(),
+        corpus.display().to_string(),
+        format!("{scale}"),
+    ];
+    scripted(exe, &args, scratch)
 }
 
 /// A program that is not installed: the benchmark skips it with this reason.
