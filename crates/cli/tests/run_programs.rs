@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -933,6 +934,18 @@ fn signals_reach_the_program_itself() {
     for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGKILL, libc::SIGTERM] {
         let mut cmd = zmem_cmd(&["run", "--resident", "16M", "--", "sleep", "30"]);
         cmd.current_dir(dir.path());
+        // The program inherits the test's dispositions, as it would any shell's; a test run
+        // started in the background by a shell without job control ignores SIGINT and SIGQUIT
+        // (bash does so for `cmd &`), and then so would sleep.
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                for s in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM] {
+                    libc::signal(s, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
         let mut p = Proc::start(cmd, dir.path(), &format!("signal-{sig}"));
         let pid = program_pid(&mut p, Duration::from_secs(10));
         assert_eq!(
