@@ -62,7 +62,10 @@ pub(crate) struct SpaceInner {
     pub resident: usize,
     /// Page -> staging slot, for Staged pages.
     pub staged: HashMap<u32, usize>,
-    pub last_fault: usize,
+    /// First and last page of the last fault's run (fault-around follows a walk up or down).
+    pub last_run: (usize, usize),
+    /// Whether the last fault was one page below the run before it.
+    pub walking_down: bool,
     /// Address ranges the program unmapped (never unmapped again on destroy).
     pub unmapped: Vec<(usize, usize)>,
     pub remap_warned: bool,
@@ -105,7 +108,8 @@ impl SpaceInner {
             tracker,
             resident: 0,
             staged: HashMap::new(),
-            last_fault: usize::MAX - 1,
+            last_run: (usize::MAX - 1, usize::MAX - 1),
+            walking_down: false,
             unmapped: Vec::new(),
             remap_warned: false,
             nursery: Default::default(),
