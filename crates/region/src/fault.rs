@@ -105,7 +105,13 @@ impl Shared {
         let up = idx == last_hi.wrapping_add(1);
         let step_down = idx.wrapping_add(1) == last_lo;
         let down = step_down && inner.walking_down;
-        inner.walking_down = step_down;
+        // A fault inside the last run or on a page already mapped (a second message for a
+        // page just mapped: another thread, or the same one woken early) says nothing about
+        // the walk.
+        let repeat = st == Resident || (last_lo..=last_hi).contains(&idx);
+        if !repeat {
+            inner.walking_down = step_down;
+        }
         let mut max_run = if up || down {
             self.fault_around.max(1)
         } else {
@@ -130,7 +136,9 @@ impl Shared {
             }
         }
         let mine = idx - lo;
-        inner.last_run = (lo, lo + run - 1);
+        if !repeat {
+            inner.last_run = (lo, lo + run - 1);
+        }
         // No allocation per fault: a run is at most 64 pages (fault_around is checked).
         let mut kinds_buf = [Absent; 64];
         for (k, kind) in kinds_buf[..run].iter_mut().enumerate() {
