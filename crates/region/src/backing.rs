@@ -73,6 +73,13 @@ pub trait BackingStore: Send + Sync {
         0
     }
 
+    /// Makes up to `max` of the tries a store left for later (see
+    /// [`StoreCore::entropy_pass`]): how many it made. Called on idle CPU; stores that defer
+    /// nothing have nothing to do.
+    fn entropy_pass(&self, _max: usize) -> usize {
+        0
+    }
+
     /// Copies page `index` of `from` into this store as `from` holds it, without decoding
     /// (a fork's snapshot): `Ok(false)` when it cannot (then read it and write it). Only
     /// stores of the same kind can; others never do.
@@ -124,6 +131,9 @@ impl BackingStore for PageStore {
     }
     fn repack_groups(&self, max_pages: usize) -> usize {
         StoreCore::repack_groups(self, max_pages)
+    }
+    fn entropy_pass(&self, max: usize) -> usize {
+        StoreCore::entropy_pass(self, max)
     }
     fn copy_page_from(&self, from: &dyn BackingStore, index: u64) -> Result<bool, StoreError> {
         match from.as_store_core() {

@@ -796,6 +796,7 @@ impl Shared {
         let mut adaptive = adaptive;
         let mut last_reap = Instant::now();
         let mut last_retry = Instant::now();
+        let mut last_trickle = Instant::now();
         if self.async_settle {
             self.colocation.register_off();
         } else {
@@ -839,7 +840,22 @@ impl Shared {
                 continue;
             }
             self.evict_children();
-            self.evictor_nap(Duration::from_millis(50));
+            // The store's entropy tries left for later: a slice while faults are quiet, a
+            // trickle while they come (they cost a zstd compression each, ~15 us a page).
+            let tried = if quiet {
+                self.root.store.entropy_pass(ENTROPY_QUIET_PAGES)
+            } else if last_trickle.elapsed() >= ENTROPY_TRICKLE_EVERY {
+                last_trickle = Instant::now();
+                self.root.store.entropy_pass(ENTROPY_TRICKLE_PAGES)
+            } else {
+                0
+            };
+            let nap = if quiet && tried == ENTROPY_QUIET_PAGES {
+                2
+            } else {
+                50
+            };
+            self.evictor_nap(Duration::from_millis(nap));
             if !self.put_backs.lock().is_empty() {
                 let _g = self.evict_lock.lock();
                 self.retry_put_backs();
@@ -864,6 +880,13 @@ impl Shared {
 /// per 10 s, i.e. one compression attempt per 40 ms: nothing beside the faults.
 const INCOMPRESSIBLE_RETRY: Duration = Duration::from_secs(10);
 const INCOMPRESSIBLE_RETRY_PAGES: usize = 256;
+
+/// The store's deferred entropy tries (`BackingStore::entropy_pass`) the evictor makes per
+/// idle round while faults are quiet (then it naps 2 ms, so at most ~a quarter of a CPU), and
+/// while they come, per `ENTROPY_TRICKLE_EVERY` (~0.1% of a CPU).
+const ENTROPY_QUIET_PAGES: usize = 32;
+const ENTROPY_TRICKLE_PAGES: usize = 8;
+const ENTROPY_TRICKLE_EVERY: Duration = Duration::from_millis(100);
 
 /// What became of a page put back (see `Shared::put_back`).
 #[derive(Clone, Copy, PartialEq, Eq)]

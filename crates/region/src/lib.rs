@@ -98,6 +98,8 @@ impl Region {
         let mut store_cfg = StoreConfig::new(cfg.check()?.pages as u64, cfg.policy);
         store_cfg.mem_limit = cfg.store_limit;
         store_cfg.lower = cfg.lower.clone();
+        // The evictor makes the entropy coder's tries between its batches (`entropy_pass`).
+        store_cfg.entropy_later = true;
         if cfg.policy == Policy::Auto {
             // Evicted pages that stay cold are recompressed with zstd into blocks.
             store_cfg.recompress_interval = Some(Duration::from_secs(1));

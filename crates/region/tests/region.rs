@@ -405,6 +405,35 @@ fn pages_that_do_not_compress_stay_resident_outside_the_budget() {
 }
 
 #[test]
+fn pages_lz4_cannot_shrink_are_entropy_coded_once_they_stay_away() {
+    // Digits: lz4 refuses them, zstd halves them. After the first tries won, evicted pages are
+    // stored raw at once and the evictor makes their zstd try once they have stayed stored a
+    // while and the faults are quiet (the store's `entropy_pass`).
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill_digits(page_mut(&r, i), i, 1);
+    }
+    let deferred = r.stats().store.entropy_deferred;
+    assert!(deferred as usize > pages / 2, "{:?}", r.stats().store);
+    let t = Instant::now();
+    while r.stats().store.huge_pages > 0 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = r.stats().store;
+    assert_eq!(st.huge_pages, 0, "every deferred page was tried: {st:?}");
+    assert!(st.entropy_wins >= deferred, "{st:?}");
+    assert!(st.compr_data_size < st.orig_data_size * 3 / 4, "{st:?}");
+    let mut expect = vec![0u8; PAGE];
+    for i in 0..pages {
+        fill_digits(&mut expect, i, 1);
+        assert!(page_mut(&r, i) == &expect[..], "page {i}");
+    }
+}
+
+#[test]
 fn pinned_pages_stay_resident_outside_the_budget() {
     // A 1 MiB budget and 2 MiB pinned (an allocator's metadata, as the preload library pins):
     // the pinned pages never leave DRAM and do not eat the budget, so data still gets 1 MiB.

@@ -81,6 +81,12 @@ pub struct StoreConfig {
     /// An SSD log below the pool (needs `mem_limit`): cold objects are written back to it as
     /// the pool nears its limit.
     pub lower: Option<crate::LowerConfig>,
+    /// A page the policy's codec cannot shrink is stored raw at once, while such pages mostly
+    /// shrank with the entropy coder lately, and tried with it by
+    /// [`entropy_pass`](crate::StoreCore::entropy_pass) once it has stayed stored a while
+    /// (the `entropy` module). The owner must call that pass on idle CPU. Off: the try is made
+    /// at once, on the writing thread.
+    pub entropy_later: bool,
 }
 
 impl StoreConfig {
@@ -94,6 +100,7 @@ impl StoreConfig {
             engine: EngineConfig::default(),
             recompress_interval: None,
             lower: None,
+            entropy_later: false,
         }
     }
 }

@@ -16,6 +16,7 @@
 
 mod blocks;
 mod config;
+mod entropy;
 mod lower;
 mod pending;
 mod read;
@@ -36,6 +37,7 @@ use zmem_engine::{Engine, Policy};
 use zmem_pool::{Handle, Pool, PoolConfig};
 
 pub use config::{StoreConfig, StoreError};
+pub use entropy::LATER_AFTER_MS;
 pub use lower::{LowerConfig, WritebackStats};
 pub use stats::{RecompressStats, StoreStats};
 
@@ -76,6 +78,8 @@ struct Inner {
     last_failure: Mutex<Option<String>>,
     /// The SSD log below the pool, if any.
     lower: Option<Lower>,
+    /// Pages stored raw whose entropy-coder try is left for later (`entropy_later`).
+    later: Option<entropy::Later>,
 }
 
 /// The page store. See the crate docs. Its operations are those of [`StoreCore`], which it
@@ -155,6 +159,9 @@ impl PageStore {
                 .lower
                 .as_ref()
                 .map(|l| Lower::new(l, me.clone() as std::sync::Weak<dyn zmem_tier::Owner>)),
+            later: (cfg.entropy_later
+                && !matches!(cfg.policy.write_codec(), zmem_codec::Codec::Zstd { .. }))
+            .then(entropy::Later::new),
         });
         let core = Arc::new(StoreCore {
             inner,
@@ -295,6 +302,7 @@ impl StoreCore {
             repacked_pages: c.repacked.load(Ordering::Relaxed),
             entropy_tries: c.entropy_tries.load(Ordering::Relaxed),
             entropy_wins: c.entropy_wins.load(Ordering::Relaxed),
+            entropy_deferred: c.entropy_deferred.load(Ordering::Relaxed),
             not_stored: c.not_stored.load(Ordering::Relaxed),
             lower_pages: c.lower.load(Ordering::Relaxed),
             lower_bytes: c.lower_bytes.load(Ordering::Relaxed),

@@ -5,6 +5,7 @@
 //!      bit  3       LOCK (per-page lock, like zram's ZRAM_LOCK)
 //!      bit  4       IDLE (set by mark_idle, cleared by any access; drives recompression)
 //!      bit  5       HUGE (stored raw: incompressible)
+//!      bit  6       LATER (stored raw, the entropy coder's try still to come: `entropy`)
 //!      bits 8..16   position of this page in its block / pending buffer
 //!      bits 16..24  pages in that block / pending buffer
 //!      bits 24..28  codec id of the object
@@ -30,6 +31,7 @@ pub const LOWER: u64 = 5;
 pub const LOCK: u64 = 1 << 3;
 pub const IDLE: u64 = 1 << 4;
 pub const HUGE: u64 = 1 << 5;
+pub const LATER: u64 = 1 << 6;
 
 pub struct Slot {
     word: AtomicU64,

@@ -44,6 +44,10 @@ pub struct StoreStats {
     pub entropy_tries: u64,
     #[serde(default)]
     pub entropy_wins: u64,
+    /// Pages stored raw with that try left for later (`StoreConfig::entropy_later`); the
+    /// later tries count in `entropy_tries` and `entropy_wins` too.
+    #[serde(default)]
+    pub entropy_deferred: u64,
     /// Pages offered with `write_if_smaller` that would not have saved memory (not stored).
     #[serde(default)]
     pub not_stored: u64,
@@ -94,6 +98,7 @@ pub(crate) struct Counters {
     pub(crate) repacked: AtomicU64,
     pub(crate) entropy_tries: AtomicU64,
     pub(crate) entropy_wins: AtomicU64,
+    pub(crate) entropy_deferred: AtomicU64,
     pub(crate) not_stored: AtomicU64,
     pub(crate) lower: AtomicU64,
     pub(crate) lower_bytes: AtomicU64,

@@ -1106,6 +1106,130 @@ fn what_lz4_cannot_shrink_is_tried_with_an_entropy_coder() {
     assert_eq!(z.stats().entropy_tries, 0);
 }
 
+fn store_with_entropy_later(pages: u64) -> PageStore {
+    let mut cfg = StoreConfig::new(pages, Policy::Fast);
+    cfg.entropy_later = true;
+    PageStore::new(cfg).unwrap()
+}
+
+#[test]
+fn the_entropy_gate_opens_on_a_run_of_wins_and_still_samples() {
+    use crate::entropy::defer;
+    assert!(!defer(0, 1), "no wins yet: try at once");
+    assert!(!defer((1 << 23) - 1, 1), "23 wins of 32 are not enough");
+    assert!(defer((1 << 24) - 1, 1), "24 wins of 32 are");
+    assert!(defer(u32::MAX, 15));
+    assert!(!defer(u32::MAX, 16), "one page in 16 is tried at once");
+    assert!(!defer(u32::MAX, 0));
+}
+
+#[test]
+fn entropy_tries_are_left_for_later_and_made_by_the_pass() {
+    let n = 200u64;
+    let s = store_with_entropy_later(n);
+    let pages: Vec<Vec<u8>> = (0..n).map(skewed_random).collect();
+    for (i, p) in pages.iter().enumerate() {
+        assert!(s.write_if_smaller(i as u64, p).unwrap(), "page {i} stored");
+    }
+    let st = s.stats();
+    // The first 24 are tried at once (the gate opens after 24 wins), then one in 16.
+    assert!(st.entropy_deferred >= n - 24 - n / 16 - 1, "{st:?}");
+    assert_eq!(st.entropy_tries + st.entropy_deferred, n, "{st:?}");
+    assert_eq!(st.entropy_wins, st.entropy_tries);
+    assert_eq!(
+        st.huge_pages, st.entropy_deferred,
+        "deferred pages are stored raw"
+    );
+    assert_eq!(s.entropy_waiting() as u64, st.entropy_deferred);
+    // Read back, rewritten or discarded meanwhile: those owe nothing any more.
+    let deferred: Vec<u64> = (24..n).filter(|i| i % 16 != 0).collect();
+    let (read, rewritten, dropped) = (deferred[0], deferred[1], deferred[2]);
+    assert_eq!(read_page(&s, read), pages[read as usize]);
+    s.write(rewritten, &content(0, 77)).unwrap();
+    s.discard(dropped).unwrap();
+    assert_eq!(
+        s.entropy_pass(usize::MAX),
+        0,
+        "nothing is due before LATER_AFTER_MS"
+    );
+    std::thread::sleep(Duration::from_millis(u64::from(LATER_AFTER_MS) + 50));
+    let before = s.stats();
+    let tried = s.entropy_pass(10);
+    assert_eq!(tried, 10, "a pass stops at its max");
+    let tried = tried + s.entropy_pass(usize::MAX);
+    let after = s.stats();
+    // The rewritten and discarded pages are skipped; the page only read is still raw.
+    assert_eq!(tried as u64, before.entropy_deferred - 2, "{after:?}");
+    assert_eq!(after.entropy_tries - before.entropy_tries, tried as u64);
+    assert_eq!(
+        after.entropy_wins, after.entropy_tries,
+        "all of them shrink"
+    );
+    assert_eq!(after.huge_pages, 0, "{after:?}");
+    assert!(
+        after.compr_data_size < before.compr_data_size * 3 / 4,
+        "{after:?}"
+    );
+    assert_eq!(s.entropy_waiting(), 0);
+    assert_eq!(s.entropy_pass(usize::MAX), 0, "each page is tried once");
+    for i in 0..n {
+        let want = if i == rewritten {
+            content(0, 77)
+        } else if i == dropped {
+            vec![0u8; PS]
+        } else {
+            pages[i as usize].clone()
+        };
+        assert_eq!(read_page(&s, i), want, "page {i}");
+    }
+}
+
+#[test]
+fn the_entropy_gate_follows_the_data() {
+    let s = store_with_entropy_later(2000);
+    for i in 0..100 {
+        assert!(s.write_if_smaller(i, &skewed_random(i)).unwrap());
+    }
+    assert!(s.stats().entropy_deferred > 0);
+    // Random bytes now: stored raw while the gate is open, until the sampled tries (one in
+    // 16) have lost 9 of the last 32; from then on they are refused at once, as without
+    // entropy_later.
+    let outcome: Vec<bool> = (100..1000)
+        .map(|i| s.write_if_smaller(i, &content(3, i)).unwrap())
+        .collect();
+    let last_stored = outcome.iter().rposition(|&o| o).unwrap();
+    assert!(last_stored < 9 * 16 + 16, "stored until page {last_stored}");
+    assert!(outcome[last_stored + 1..].iter().all(|&o| !o));
+    // Pages stored raw owe a try, which they lose: they stay raw, and nothing reads wrong.
+    std::thread::sleep(Duration::from_millis(u64::from(LATER_AFTER_MS) + 50));
+    let before = s.stats();
+    s.entropy_pass(usize::MAX);
+    let after = s.stats();
+    assert!(after.entropy_tries > before.entropy_tries);
+    assert!(after.huge_pages >= last_stored as u64 / 2, "{after:?}");
+    for i in 0..100 {
+        assert_eq!(read_page(&s, i), skewed_random(i));
+    }
+    for (k, &stored) in outcome.iter().enumerate() {
+        let i = 100 + k as u64;
+        let want = if stored { content(3, i) } else { vec![0u8; PS] };
+        assert_eq!(read_page(&s, i), want, "page {i}");
+    }
+}
+
+#[test]
+fn a_zstd_policy_defers_nothing() {
+    let mut cfg = StoreConfig::new(64, Policy::Balanced);
+    cfg.entropy_later = true;
+    let s = PageStore::new(cfg).unwrap();
+    for i in 0..64 {
+        s.write(i, &skewed_random(i)).unwrap();
+    }
+    let st = s.stats();
+    assert_eq!((st.entropy_deferred, st.entropy_tries), (0, 0));
+    assert_eq!(s.entropy_pass(usize::MAX), 0);
+}
+
 #[test]
 fn write_if_smaller_keeps_only_pages_that_save_memory() {
     let s = store(4, Policy::Fast, 1);

@@ -10,14 +10,11 @@ use std::sync::Arc;
 use zmem_codec::{Codec, CodecId, Encoded, PAGE_SIZE};
 use zmem_engine::{Completion, Job, Sink};
 
-/// The second try for a page the policy's codec stored raw: an entropy coder still saves on
-/// data without repeats but with a skewed byte distribution (text, base64, random printable
-/// values).
-const ENTROPY_CODEC: Codec = Codec::Zstd { level: 1 };
 use zmem_pool::Handle;
 
+use crate::entropy::ENTROPY_CODEC;
 use crate::pending::{Latch, Pending};
-use crate::slot::{State, BLOCK, HUGE, OBJECT, PENDING, SAME};
+use crate::slot::{State, BLOCK, HUGE, LATER, OBJECT, PENDING, SAME};
 use crate::{Inner, StoreCore, StoreError, GROUP, MAX_BLOCK_PAGES};
 
 impl StoreCore {
@@ -50,10 +47,11 @@ impl StoreCore {
             inner.install_same(index, word);
             return Ok(true);
         }
-        let (obj, enc) = self.compress_page(page)?;
+        let (obj, enc, later) = self.compress_page(page)?;
         // Over an SSD tier a page that does not compress still saves DRAM: it passes through
-        // the pool raw and goes on to the log.
-        if enc.codec == CodecId::Raw && !keep_raw && inner.lower.is_none() {
+        // the pool raw and goes on to the log. A page whose entropy try is left for later is
+        // stored raw: the recent ones mostly compressed.
+        if enc.codec == CodecId::Raw && !keep_raw && !later && inner.lower.is_none() {
             inner.counters.not_stored.fetch_add(1, Ordering::Relaxed);
             return Ok(false);
         }
@@ -66,8 +64,18 @@ impl StoreCore {
         };
         let state = State::new(OBJECT)
             .with_object(enc.codec as u8, obj.len())
-            .with_flag(HUGE, enc.codec == CodecId::Raw);
+            .with_flag(HUGE, enc.codec == CodecId::Raw)
+            .with_flag(LATER, later);
         inner.install_page(index, state, handle.to_raw());
+        if later {
+            if let Some(l) = inner.later.as_ref() {
+                inner
+                    .counters
+                    .entropy_deferred
+                    .fetch_add(1, Ordering::Relaxed);
+                l.push(index);
+            }
+        }
         Ok(true)
     }
 
@@ -120,25 +128,33 @@ impl StoreCore {
 
     /// Compresses one page with the policy's codec; what that codec cannot shrink (lz4 finds
     /// no repeats, e.g. random printable text) is tried once more with an entropy coder
-    /// (zstd-1) before it is given up as raw.
-    fn compress_page(&self, page: &[u8]) -> Result<(Vec<u8>, Encoded), StoreError> {
+    /// (zstd-1) before it is given up as raw, now or, with `entropy_later`, by a later
+    /// `entropy_pass` (the third value is then true: store it raw, owing that try).
+    fn compress_page(&self, page: &[u8]) -> Result<(Vec<u8>, Encoded, bool), StoreError> {
         let inner = &self.inner;
         let codec = self.policy.write_codec();
         let first = self
             .engine
             .compress_now(codec, inner.dict.as_deref(), page)?;
         if first.1.codec != CodecId::Raw || matches!(codec, Codec::Zstd { .. }) {
-            return Ok(first);
+            return Ok((first.0, first.1, false));
+        }
+        if inner.defer_entropy() {
+            return Ok((first.0, first.1, true));
         }
         inner.counters.entropy_tries.fetch_add(1, Ordering::Relaxed);
         let second = self
             .engine
             .compress_now(ENTROPY_CODEC, inner.dict.as_deref(), page)?;
-        if second.1.codec == CodecId::Raw {
-            return Ok(first);
+        let won = second.1.codec != CodecId::Raw;
+        if let Some(l) = inner.later.as_ref() {
+            l.record(won);
+        }
+        if !won {
+            return Ok((first.0, first.1, false));
         }
         inner.counters.entropy_wins.fetch_add(1, Ordering::Relaxed);
-        Ok(second)
+        Ok((second.0, second.1, false))
     }
 
     /// Writes up to [`MAX_BLOCK_PAGES`] pages with any indices (distinct, in any order) as one

@@ -72,6 +72,22 @@ pub fn fill_random(page: &mut [u8], idx: usize, version: u64) {
     }
 }
 
+/// Fills `page` with random decimal numbers, one per line (like `sort -n`'s input): lz4 finds
+/// no repeats worth keeping in them, an entropy coder halves them. Seeded by (idx, version).
+pub fn fill_digits(page: &mut [u8], idx: usize, version: u64) {
+    let mut x = (idx as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version | 1;
+    for (k, b) in page.iter_mut().enumerate() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = if k % 8 == 7 {
+            b'\n'
+        } else {
+            b'0' + (x % 10) as u8
+        };
+    }
+}
+
 /// Page `idx` of the region as bytes.
 // The region is shared memory by design; each test gives every page one writer at a time.
 #[allow(clippy::mut_from_ref)]

@@ -1,0 +1,224 @@
+//! The entropy coder's try, left for later. lz4 (the `fast` and `auto` policies' codec) finds
+//! no repeats in some data that an entropy coder still shrinks (decimal digits, base64, random
+//! printable text): a page lz4 cannot shrink is tried with zstd-1 before it is given up as raw.
+//! That try costs several times the lz4 attempt, and every read of the page then pays a zstd
+//! decode instead of a copy. `sort -n` of 1.5M numbers at `zmem run --resident 16M` tried it
+//! on 306k of its 439k evictions, which took 13 s of codec CPU in an 18 s run: pages that came
+//! back a second later paid for a ratio nobody kept.
+//!
+//! With [`StoreConfig::entropy_later`](crate::StoreConfig::entropy_later), while the recent
+//! tries mostly won ([`Gate`]), such a page is stored raw at once (flag `LATER`) and joins a
+//! queue; [`StoreCore::entropy_pass`], called on idle CPU (the region's evictor between its
+//! batches), makes the try for the pages that stayed stored [`LATER_AFTER_MS`]. A page read back
+//! before then never pays for it. One page in [`SAMPLE`] is still tried at once, so that the
+//! gate follows the data: when the tries stop winning (data that nothing shrinks), pages are
+//! tried at once again and a caller of `write_if_smaller` learns at once that they do not
+//! compress.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use zmem_codec::{Codec, CodecId, PAGE_SIZE};
+
+use crate::slot::{State, HUGE, IDLE, LATER, OBJECT};
+use crate::StoreCore;
+
+/// The entropy coder tried on what the policy's codec cannot shrink.
+pub(crate) const ENTROPY_CODEC: Codec = Codec::Zstd { level: 1 };
+
+/// A deferred page is tried once it has stayed stored this long (the `auto` policy's idle
+/// interval).
+pub const LATER_AFTER_MS: u32 = 1000;
+
+/// Tries are deferred while at least this many of the last 32 won.
+const DEFER_WINS: u32 = 24;
+
+/// One page lz4 refused in this many is tried at once even while tries are deferred.
+const SAMPLE: u32 = 16;
+
+/// Pages waiting for their try, at most (16 bytes each: 1 MiB). A page refused while the queue
+/// is full is tried at once.
+const MAX_LATER: usize = 1 << 16;
+
+/// Whether the next page lz4 refused may be stored raw with its try left for later: the
+/// outcomes of the last 32 tries (bit set: the entropy coder won) and how many refused pages
+/// came before this one.
+pub(crate) fn defer(outcomes: u32, seen: u32) -> bool {
+    outcomes.count_ones() >= DEFER_WINS && seen % SAMPLE != 0
+}
+
+/// The recent outcomes of the entropy coder's tries, and the pages waiting for theirs.
+pub(crate) struct Later {
+    outcomes: AtomicU32,
+    seen: AtomicU32,
+    /// Page index and the store's clock (ms) when it was stored raw, oldest first. A page
+    /// read back, rewritten or discarded since stays listed: the pass skips it (its state no
+    /// longer has `LATER`).
+    queue: Mutex<Queue>,
+    born: Instant,
+}
+
+struct Queue {
+    pages: VecDeque<(u64, u32)>,
+    /// Pages listed since the last compaction.
+    pushed: usize,
+}
+
+impl Later {
+    pub(crate) fn new() -> Later {
+        Later {
+            outcomes: AtomicU32::new(0),
+            seen: AtomicU32::new(0),
+            queue: Mutex::new(Queue {
+                pages: VecDeque::new(),
+                pushed: 0,
+            }),
+            born: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u32 {
+        self.born.elapsed().as_millis().min(u128::from(u32::MAX)) as u32
+    }
+
+    /// Whether the gate lets the page lz4 just refused be stored raw now and tried later.
+    fn gate_open(&self) -> bool {
+        let seen = self.seen.fetch_add(1, Ordering::Relaxed);
+        defer(self.outcomes.load(Ordering::Relaxed), seen)
+    }
+
+    pub(crate) fn record(&self, won: bool) {
+        let _ = self
+            .outcomes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                Some(h << 1 | u32::from(won))
+            });
+    }
+
+    /// Lists page `index`, just stored raw with `LATER`.
+    pub(crate) fn push(&self, index: u64) {
+        let now = self.now_ms();
+        let mut q = self.queue.lock();
+        if q.pages.capacity() == 0 {
+            // Once, up front: no reallocation while pages are evicted.
+            q.pages.reserve_exact(MAX_LATER);
+        }
+        q.pages.push_back((index, now));
+        q.pushed += 1;
+    }
+
+    /// The oldest listed page that has waited long enough.
+    fn pop_due(&self) -> Option<u64> {
+        let now = self.now_ms();
+        let mut q = self.queue.lock();
+        match q.pages.front() {
+            Some(&(index, at)) if now.saturating_sub(at) >= LATER_AFTER_MS => {
+                q.pages.pop_front();
+                Some(index)
+            }
+            _ => None,
+        }
+    }
+
+    pub(crate) fn waiting(&self) -> usize {
+        self.queue.lock().pages.len()
+    }
+}
+
+impl crate::Inner {
+    /// Whether the page the policy's codec just refused is stored raw now and tried later: the
+    /// gate is open and the queue has room. A full queue first drops the pages read back,
+    /// rewritten or discarded since they were listed (a program that thrashes lists the same
+    /// pages again and again, and the pass runs only between its faults).
+    pub(crate) fn defer_entropy(&self) -> bool {
+        let Some(later) = self.later.as_ref() else {
+            return false;
+        };
+        if !later.gate_open() {
+            return false;
+        }
+        let mut q = later.queue.lock();
+        // A full queue is compacted at most once per quarter of it pushed since the last time,
+        // so that a queue of pages that really wait costs no scan per page.
+        if q.pages.len() >= MAX_LATER && q.pushed >= MAX_LATER / 4 {
+            q.pages
+                .retain(|&(index, _)| self.slots[index as usize].peek().has(LATER));
+            q.pushed = 0;
+        }
+        q.pages.len() < MAX_LATER
+    }
+}
+
+impl StoreCore {
+    /// Makes the entropy coder's try for up to `max` pages stored raw with the try left for
+    /// later (see the module docs) that have stayed stored [`LATER_AFTER_MS`]; returns how many
+    /// it tried. A page the coder shrinks is stored compressed; the others stay raw, for good.
+    /// A store without `entropy_later` has nothing to do. Meant for idle CPU: each try is a
+    /// zstd-1 compression of one page under that page's lock.
+    pub fn entropy_pass(&self, max: usize) -> usize {
+        let Some(later) = self.inner.later.as_ref() else {
+            return 0;
+        };
+        let mut tried = 0;
+        while tried < max {
+            let Some(index) = later.pop_due() else {
+                break;
+            };
+            if self.try_entropy(later, index) {
+                tried += 1;
+            }
+        }
+        tried
+    }
+
+    /// Pages stored raw whose try is still to come (some may have been read back since).
+    pub fn entropy_waiting(&self) -> usize {
+        self.inner.later.as_ref().map_or(0, Later::waiting)
+    }
+
+    /// The deferred try for page `index`, if it still owes one.
+    fn try_entropy(&self, later: &Later, index: u64) -> bool {
+        let inner = &self.inner;
+        let slot = &inner.slots[index as usize];
+        if !slot.peek().has(LATER) {
+            return false;
+        }
+        let (st, aux) = slot.lock();
+        if st.kind() != OBJECT || !st.has(LATER) {
+            slot.unlock_keep(st, 0);
+            return false;
+        }
+        inner.counters.entropy_tries.fetch_add(1, Ordering::Relaxed);
+        let mut page = [0u8; PAGE_SIZE];
+        let smaller = inner
+            .decode_object(index, aux, &mut page)
+            .ok()
+            .and_then(|_| {
+                self.engine
+                    .compress_now(ENTROPY_CODEC, inner.dict.as_deref(), &page)
+                    .ok()
+            })
+            .filter(|(obj, enc)| obj.len() < st.len() as usize && enc.codec != CodecId::Raw);
+        later.record(smaller.is_some());
+        // A full pool keeps the raw object (and the page owes nothing more either).
+        let better =
+            smaller.and_then(|(obj, enc)| inner.alloc(&obj).ok().map(|h| (h, obj.len(), enc)));
+        match better {
+            Some((handle, len, enc)) => {
+                inner.counters.entropy_wins.fetch_add(1, Ordering::Relaxed);
+                inner.release(st, aux);
+                let s = State::new(OBJECT)
+                    .with_object(enc.codec as u8, len)
+                    .with_flag(IDLE, st.has(IDLE));
+                inner.count_new(s, 1);
+                slot.unlock_with(s, handle.to_raw());
+                inner.note_object(index, handle.to_raw());
+            }
+            // Raw it stays; it owes nothing more.
+            None => slot.unlock_keep(st.with_flag(HUGE, true), LATER),
+        }
+        true
+    }
+}
