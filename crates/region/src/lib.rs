@@ -23,6 +23,7 @@ mod events;
 mod evict;
 mod fault;
 mod fork;
+mod idle;
 mod manager;
 pub mod policy;
 mod signal;
