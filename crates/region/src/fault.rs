@@ -56,6 +56,9 @@ impl Shared {
             self.make_room_in_child(s);
         }
         let mut inner = s.inner.lock();
+        if s.is_root && inner.resident >= self.budget() {
+            self.counters.over_budget_faults.fetch_add(1, Relaxed);
+        }
         let st = inner.state.get(idx);
         match st {
             Faulting => return Served::Done, // another handler maps it and wakes every waiter

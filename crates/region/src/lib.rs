@@ -394,6 +394,7 @@ impl Region {
             fault_around_pages: c.fault_around_pages.load(Relaxed),
             evictions: c.evictions.load(Relaxed),
             direct_evictions: c.direct_evictions.load(Relaxed),
+            over_budget_faults: c.over_budget_faults.load(Relaxed),
             unshared: c.unshared.load(Relaxed),
             staging_cleared: c.staging_cleared.load(Relaxed),
             forks: c.forks.load(Relaxed),

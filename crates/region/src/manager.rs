@@ -322,6 +322,7 @@ pub(crate) struct Counters {
     pub fault_around_pages: AtomicU64,
     pub evictions: AtomicU64,
     pub direct_evictions: AtomicU64,
+    pub over_budget_faults: AtomicU64,
     pub unshared: AtomicU64,
     pub staging_cleared: AtomicU64,
     pub forks: AtomicU64,

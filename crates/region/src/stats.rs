@@ -86,6 +86,10 @@ pub struct RegionStats {
     pub evictions: u64,
     /// Evictions a faulting thread had to do itself because the budget was exhausted.
     pub direct_evictions: u64,
+    /// Faults served while the budget was still exhausted after trying to evict (no victim
+    /// could leave at once): each maps its page over the budget.
+    #[serde(default)]
+    pub over_budget_faults: u64,
     /// Pages that were shared with a forked child and had to be unshared before moving out.
     pub unshared: u64,
     /// Staging slots found occupied (UFFDIO_MOVE: EEXIST) and cleared before moving a page in.
