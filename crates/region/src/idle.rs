@@ -36,7 +36,7 @@ impl IdleCpu {
         self.at = Some(Instant::now());
         let now = read_cpu_line();
         if let (Some((idle0, total0)), Some((idle1, total1))) = (self.last, now) {
-            self.share = idle_share(idle1 - idle0.min(idle1), total1 - total0.min(total1));
+            self.share = idle_share(idle1.saturating_sub(idle0), total1.saturating_sub(total0));
         }
         self.last = now;
         self.share

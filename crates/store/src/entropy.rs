@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use zmem_codec::{Codec, CodecId, PAGE_SIZE};
+use zmem_codec::Codec;
 
-use crate::slot::{State, HUGE, IDLE, LATER, OBJECT};
+use crate::slot::{HUGE, LATER, OBJECT};
 use crate::StoreCore;
 
 /// The entropy coder tried on what the policy's codec cannot shrink.
@@ -191,16 +191,7 @@ impl StoreCore {
             return false;
         }
         inner.counters.entropy_tries.fetch_add(1, Ordering::Relaxed);
-        let mut page = [0u8; PAGE_SIZE];
-        let smaller = inner
-            .decode_object(index, aux, &mut page)
-            .ok()
-            .and_then(|_| {
-                self.engine
-                    .compress_now(ENTROPY_CODEC, inner.dict.as_deref(), &page)
-                    .ok()
-            })
-            .filter(|(obj, enc)| obj.len() < st.len() as usize && enc.codec != CodecId::Raw);
+        let smaller = self.smaller_encoding(index, st, aux, ENTROPY_CODEC);
         later.record(smaller.is_some());
         // A full pool keeps the raw object (and the page owes nothing more either).
         let better =
@@ -208,13 +199,7 @@ impl StoreCore {
         match better {
             Some((handle, len, enc)) => {
                 inner.counters.entropy_wins.fetch_add(1, Ordering::Relaxed);
-                inner.release(st, aux);
-                let s = State::new(OBJECT)
-                    .with_object(enc.codec as u8, len)
-                    .with_flag(IDLE, st.has(IDLE));
-                inner.count_new(s, 1);
-                slot.unlock_with(s, handle.to_raw());
-                inner.note_object(index, handle.to_raw());
+                self.install_smaller(index, st, aux, handle, len, enc);
             }
             // Raw it stays; it owes nothing more.
             None => slot.unlock_keep(st.with_flag(HUGE, true), LATER),

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use zmem_codec::{CodecId, PAGE_SIZE};
+use zmem_codec::{CodecId, Encoded, PAGE_SIZE};
+use zmem_pool::Handle;
 
 use crate::slot::{State, BLOCK, EMPTY, HUGE, IDLE, OBJECT};
 use crate::{RecompressStats, StoreCore, StoreError, MAX_BLOCK_PAGES};
@@ -168,6 +169,45 @@ impl StoreCore {
         stats.bytes_after += obj.len() as u64;
     }
 
+    /// Page `index`'s single-page object (state `st`, handle `aux`, locked by the caller)
+    /// encoded again with `codec`, if that is smaller and not raw.
+    pub(crate) fn smaller_encoding(
+        &self,
+        index: u64,
+        st: State,
+        aux: u64,
+        codec: zmem_codec::Codec,
+    ) -> Option<(Vec<u8>, Encoded)> {
+        let inner = &self.inner;
+        let mut page = [0u8; PAGE_SIZE];
+        inner.decode_object(index, aux, &mut page).ok()?;
+        self.engine
+            .compress_now(codec, inner.dict.as_deref(), &page)
+            .ok()
+            .filter(|(obj, enc)| obj.len() < st.len() as usize && enc.codec != CodecId::Raw)
+    }
+
+    /// Makes the new object `handle` (`len` bytes of `enc`) page `index`'s content in place of
+    /// its old one (state `st`, handle `aux`), keeping its IDLE mark, and unlocks the page.
+    pub(crate) fn install_smaller(
+        &self,
+        index: u64,
+        st: State,
+        aux: u64,
+        handle: Handle,
+        len: usize,
+        enc: Encoded,
+    ) {
+        let inner = &self.inner;
+        inner.release(st, aux);
+        let s = State::new(OBJECT)
+            .with_object(enc.codec as u8, len)
+            .with_flag(IDLE, st.has(IDLE));
+        inner.count_new(s, 1);
+        inner.slots[index as usize].unlock_with(s, handle.to_raw());
+        inner.note_object(index, handle.to_raw());
+    }
+
     fn recompress_page(
         &self,
         index: u64,
@@ -182,26 +222,12 @@ impl StoreCore {
             slot.unlock_keep(st, 0);
             return;
         }
-        let mut page = [0u8; PAGE_SIZE];
-        let better = inner
-            .decode_object(index, aux, &mut page)
-            .ok()
-            .and_then(|_| {
-                self.engine
-                    .compress_now(codec, inner.dict.as_deref(), &page)
-                    .ok()
-            })
-            .filter(|(obj, enc)| obj.len() < st.len() as usize && enc.codec != CodecId::Raw)
+        let better = self
+            .smaller_encoding(index, st, aux, codec)
             .and_then(|(obj, enc)| inner.pool.alloc(&obj).ok().map(|h| (h, obj.len(), enc)));
         match better {
             Some((handle, len, enc)) => {
-                inner.release(st, aux);
-                let s = State::new(OBJECT)
-                    .with_object(enc.codec as u8, len)
-                    .with_flag(IDLE, st.has(IDLE));
-                inner.count_new(s, 1);
-                slot.unlock_with(s, handle.to_raw());
-                inner.note_object(index, handle.to_raw());
+                self.install_smaller(index, st, aux, handle, len, enc);
                 stats.pages_recompressed += 1;
                 stats.bytes_before += u64::from(st.len());
                 stats.bytes_after += len as u64;
