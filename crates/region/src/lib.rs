@@ -343,8 +343,12 @@ impl Region {
         let sh = self.shared();
         let c = &sh.counters;
         let page = PAGE as u64;
-        let (resident, pinned_mapped, pinned_ranges, held, incompressible, clean_copies) = {
+        let (resident, pinned_mapped, pinned_ranges, held, incompressible, clean_copies, evictable) = {
             let inner = sh.root.inner.lock();
+            let evictable = inner
+                .tracker
+                .as_ref()
+                .map_or(0, |t| t.resident() + inner.nursery.len());
             (
                 inner.resident as u64 * page,
                 inner.pinned_resident as u64 * page,
@@ -352,6 +356,7 @@ impl Region {
                 inner.held.len() as u64 * page,
                 inner.incompressible.len() as u64 * page,
                 inner.copies.as_ref().map_or(0, |c| c.count()) as u64 * page,
+                evictable as u64 * page,
             )
         };
         // Pinned ranges are mapped ahead with zero pages, which cost no DRAM until written:
@@ -395,6 +400,7 @@ impl Region {
             evictions: c.evictions.load(Relaxed),
             direct_evictions: c.direct_evictions.load(Relaxed),
             over_budget_faults: c.over_budget_faults.load(Relaxed),
+            evictable,
             unshared: c.unshared.load(Relaxed),
             staging_cleared: c.staging_cleared.load(Relaxed),
             forks: c.forks.load(Relaxed),

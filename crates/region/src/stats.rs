@@ -90,6 +90,11 @@ pub struct RegionStats {
     /// could leave at once): each maps its page over the budget.
     #[serde(default)]
     pub over_budget_faults: u64,
+    /// Bytes of counted resident pages the eviction policy knows (listed, or just faulted in
+    /// and waiting to be listed): what eviction can choose from. Below the counted resident
+    /// bytes (`resident` less pinned, held and incompressible) only while batches are staged.
+    #[serde(default)]
+    pub evictable: u64,
     /// Pages that were shared with a forked child and had to be unshared before moving out.
     pub unshared: u64,
     /// Staging slots found occupied (UFFDIO_MOVE: EEXIST) and cleared before moving a page in.
