@@ -130,7 +130,11 @@ impl Shared {
             // fault-around would stop at the budget).
             let low = self.low_water();
             if self.root.inner.lock().resident > low + (self.budget() - low) / 2 {
-                return self.evict(want);
+                let done = self.evict(want);
+                if done == 0 && self.settle_one_queued() {
+                    return self.evict(want);
+                }
+                return done;
             }
             return 0;
         }
@@ -156,6 +160,18 @@ impl Shared {
             self.settling.store(true, Release);
             self.kick_evictor();
         }
+    }
+
+    /// Settles the oldest batch queued for the evictor on this thread: whether there was one.
+    /// For a fault or a handler that finds every staging slot held by queued batches: the
+    /// evictor may not run for a while when its CPU is busy (a parallel build, a test suite),
+    /// and faults must not wait for it or map pages over the budget meanwhile.
+    pub(crate) fn settle_one_queued(&self) -> bool {
+        let Some(b) = self.queued.lock().pop_front() else {
+            return false;
+        };
+        self.settle(b);
+        true
     }
 
     /// Settles the batches the handlers queued (the evictor's side of `evict_async`); how
@@ -808,6 +824,11 @@ impl Shared {
             self.colocation.register_ours();
         }
         while !self.stop.load(Relaxed) {
+            #[cfg(test)]
+            if self.evictor_paused.load(Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
             if self.forking.load(Acquire) {
                 self.park_for_fork();
                 while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
@@ -837,7 +858,9 @@ impl Shared {
             // With async settling the evictor moves pages only when the faults are quiet: a
             // move from its CPU while the program runs costs a TLB-flush IPI.
             if (quiet || !self.async_settle) && resident > low {
-                if self.evict(resident - low) == 0 {
+                // At most ASYNC_BATCH at once: if this thread is preempted while it holds its
+                // batch, faults still find staging slots to evict into.
+                if self.evict((resident - low).min(ASYNC_BATCH)) == 0 {
                     let full = self.store_full.load(Relaxed);
                     self.evictor_nap(Duration::from_millis(if full { 20 } else { 1 }));
                 }
@@ -983,6 +1006,60 @@ fn unshare(addr: usize) {
 mod tests {
     use super::*;
     use crate::{Budget, Region, RegionConfig, RegionError};
+
+    /// Batches queued for the evictor hold every staging slot and the evictor does not run
+    /// (its CPU busy elsewhere; paused here): faults settle a queued batch
+    /// themselves and keep the budget. They used to map page after page over it until the
+    /// evictor was scheduled again.
+    #[test]
+    fn faults_keep_the_budget_while_queued_batches_hold_every_staging_slot() {
+        let budget = 256;
+        let size = 4096 * PAGE;
+        let r = match Region::new(RegionConfig::new(
+            size as u64,
+            Budget::Fixed((budget * PAGE) as u64),
+        )) {
+            Ok(r) => r,
+            Err(e @ RegionError::Permission { .. }) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("creating a region: {e}"),
+        };
+        let shared = r.shared.as_ref().unwrap();
+        assert!(shared.async_settle, "the default settles asynchronously");
+        // SAFETY: the region is ours and `size` bytes long.
+        let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr(), size) };
+        let value = |i: usize, round: usize| (i / PAGE * 7 + i % 253 + round) as u8;
+        let touch = |mem: &mut [u8], pages: std::ops::Range<usize>| {
+            for p in pages {
+                for i in (p * PAGE..(p + 1) * PAGE).step_by(64) {
+                    mem[i] = value(i, 1);
+                }
+            }
+        };
+        touch(mem, 0..budget);
+        // Pause the evictor (and let a round it is in finish), then queue batches that take
+        // every slot, as handlers do.
+        shared.evictor_paused.store(true, Release);
+        std::thread::sleep(Duration::from_millis(100));
+        // (Handlers may have queued some already, evicting toward the low-water mark.)
+        let held = || -> usize { shared.queued.lock().iter().map(|b| b.slots.len()).sum() };
+        while held() < STAGING_SLOTS {
+            let batch = shared.stage(STAGING_SLOTS - held()).expect("a batch");
+            shared.queued.lock().push_back(batch);
+        }
+        touch(mem, budget..4 * budget);
+        let s = r.stats();
+        shared.evictor_paused.store(false, Release);
+        assert!(s.resident <= s.budget, "{s:?}");
+        assert!(s.over_budget_faults == 0, "{s:?}");
+        for p in 0..4 * budget {
+            for i in (p * PAGE..(p + 1) * PAGE).step_by(64) {
+                assert_eq!(mem[i], value(i, 1), "byte {i}");
+            }
+        }
+    }
 
     /// UFFDIO_MOVE answers EEXIST when the destination slot is not empty. The evictor clears
     /// the slot and moves the page anyway: nothing is lost, nothing waits.

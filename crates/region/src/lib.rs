@@ -222,6 +222,8 @@ impl Region {
             async_settle: cfg.async_settle,
             queued: Mutex::new(Default::default()),
             settling: AtomicBool::new(false),
+            #[cfg(test)]
+            evictor_paused: AtomicBool::new(false),
             evictor_wake: Condvar::new(),
             evictor_mutex: Mutex::new(false),
             stop: AtomicBool::new(false),

@@ -394,6 +394,9 @@ pub(crate) struct Shared {
     pub queued: Mutex<std::collections::VecDeque<crate::evict::Batch>>,
     /// The evictor is settling queued batches (handlers do not move pages meanwhile).
     pub settling: AtomicBool,
+    /// Tests: the evictor does nothing (as when its CPU is busy elsewhere).
+    #[cfg(test)]
+    pub evictor_paused: AtomicBool,
     pub evictor_wake: Condvar,
     pub evictor_mutex: Mutex<bool>,
     pub stop: AtomicBool,
