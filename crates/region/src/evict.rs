@@ -1008,9 +1008,8 @@ mod tests {
     use crate::{Budget, Region, RegionConfig, RegionError};
 
     /// Batches queued for the evictor hold every staging slot and the evictor does not run
-    /// (its CPU busy elsewhere; paused here): faults settle a queued batch
-    /// themselves and keep the budget. They used to map page after page over it until the
-    /// evictor was scheduled again.
+    /// (its CPU busy elsewhere; paused here): faults settle a queued batch themselves and keep
+    /// the budget. They used to map page after page over it until the evictor ran again.
     #[test]
     fn faults_keep_the_budget_while_queued_batches_hold_every_staging_slot() {
         let budget = 256;
@@ -1030,11 +1029,11 @@ mod tests {
         assert!(shared.async_settle, "the default settles asynchronously");
         // SAFETY: the region is ours and `size` bytes long.
         let mem = unsafe { std::slice::from_raw_parts_mut(r.as_ptr(), size) };
-        let value = |i: usize, round: usize| (i / PAGE * 7 + i % 253 + round) as u8;
+        let value = |i: usize| (i / PAGE * 7 + i % 253) as u8;
         let touch = |mem: &mut [u8], pages: std::ops::Range<usize>| {
             for p in pages {
                 for i in (p * PAGE..(p + 1) * PAGE).step_by(64) {
-                    mem[i] = value(i, 1);
+                    mem[i] = value(i);
                 }
             }
         };
@@ -1056,7 +1055,7 @@ mod tests {
         assert!(s.over_budget_faults == 0, "{s:?}");
         for p in 0..4 * budget {
             for i in (p * PAGE..(p + 1) * PAGE).step_by(64) {
-                assert_eq!(mem[i], value(i, 1), "byte {i}");
+                assert_eq!(mem[i], value(i), "byte {i}");
             }
         }
     }
