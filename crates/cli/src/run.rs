@@ -13,7 +13,9 @@ use std::process::Command;
 
 use clap::{Args, ValueEnum};
 use zmem_engine::Policy;
-use zmem_region::{Budget, CleanCopies, Eviction, Region, RegionConfig, MIN_BUDGET_BYTES};
+use zmem_region::{
+    Budget, CleanCopies, Eviction, FaultRoute, Region, RegionConfig, MIN_BUDGET_BYTES,
+};
 use zmem_runenv::{OnError, RunConfig};
 
 use crate::size::{format_size as fmt_size, format_size_approx as human, parse_size};
@@ -28,6 +30,12 @@ pub enum CleanCopiesArg {
     Off,
     Ssd,
     All,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum FaultRouteArg {
+    Handler,
+    Signal,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -90,6 +98,12 @@ pub struct RunArgs {
     /// CPU, so the program does not wait for the compressor.
     #[arg(long)]
     pub no_async_settle: bool,
+    /// Who serves the program's page faults: handler (a zmem thread the kernel wakes) or
+    /// signal (the faulting thread itself, through SIGBUS, with a seccomp filter that brings
+    /// back the buffers of system calls into the heap before they run; no set-user-ID execs
+    /// afterwards; forked children are not served yet: see README, "The signal route").
+    #[arg(long, value_enum, default_value = "handler")]
+    pub fault_route: FaultRouteArg,
     /// Which pages faulted back keep their compressed copy, so that evicted again unchanged
     /// they are not compressed (or written to the SSD log) again: ssd (copies that cost no
     /// DRAM: pages read back from the SSD log), all (any page, while the store is under half
@@ -232,6 +246,10 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
         handler_threads: a.handler_threads as usize,
         colocate: !a.no_colocate,
         async_settle: !a.no_async_settle,
+        fault_route: match a.fault_route {
+            FaultRouteArg::Handler => FaultRoute::Handler,
+            FaultRouteArg::Signal => FaultRoute::Signal,
+        },
         clean_copies: match a.clean_copies {
             CleanCopiesArg::Off => CleanCopies::Off,
             CleanCopiesArg::Ssd => CleanCopies::Ssd,

@@ -434,6 +434,21 @@ thread_local! {
     static LZ4_STATE: RefCell<Option<Lz4State>> = const { RefCell::new(None) };
 }
 
+/// Whether this thread's codec contexts can still be used (not while its thread-locals are
+/// being destroyed at its exit).
+pub fn thread_state_alive() -> bool {
+    LZ4_STATE.try_with(|_| ()).is_ok()
+        && ZSTD_CTX.try_with(|_| ()).is_ok()
+        && DEFLATE.try_with(|_| ()).is_ok()
+}
+
+/// Registers this thread's codec contexts now (they are still made at first use).
+pub fn prepare_thread() {
+    LZ4_STATE.with(|_| ());
+    ZSTD_CTX.with(|_| ());
+    DEFLATE.with(|_| ());
+}
+
 /// Returns the compressed length, or None if it did not fit in `dst`.
 fn lz4_compress(input: &[u8], dst: &mut [u8], acceleration: i32) -> Option<usize> {
     LZ4_STATE.with(|cell| {

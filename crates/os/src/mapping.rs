@@ -75,6 +75,49 @@ impl Mapping {
         Ok(Mapping { ptr, len })
     }
 
+    /// Maps `len` bytes at exactly `addr`, which must be free (MAP_FIXED_NOREPLACE: EEXIST
+    /// when anything is mapped there, never a replacement).
+    pub fn at(addr: usize, len: usize, flags: MappingFlags) -> io::Result<Mapping> {
+        if len == 0 || addr % crate::PAGE_SIZE != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a fixed mapping needs a page-aligned address and a length",
+            ));
+        }
+        let mut map_flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+        if flags.noreserve {
+            map_flags |= libc::MAP_NORESERVE;
+        }
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                map_flags,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        if p as usize != addr {
+            // A kernel older than 4.17 takes the flag as a hint.
+            // SAFETY: unmapping what was just mapped.
+            unsafe { libc::munmap(p, len) };
+            return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        }
+        if flags.no_huge_pages {
+            // SAFETY: the range is the mapping just made; advice only.
+            unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(p.cast::<u8>()).expect("checked above"),
+            len,
+        })
+    }
+
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }

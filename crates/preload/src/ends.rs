@@ -31,6 +31,22 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
 
 type Argv = *const *const c_char;
 
+/// On the signal route, the kernel copies the path and the strings from kernel mode: those in
+/// the evicted heap are brought back first (see zmem_region's `guard`).
+fn bring_back(path: *const c_char, argv: Argv, envp: Argv) {
+    zmem_region::guard::bring_back_exec(path as usize, argv as usize, envp as usize);
+}
+
+extern "C" {
+    static environ: Argv;
+}
+
+/// The process's environment array (read on the program's thread, which is allowed).
+fn environ_now() -> Argv {
+    // SAFETY: reading the C library's `environ` pointer itself, on the program's thread.
+    unsafe { environ }
+}
+
 /// The C library's own `name` (looked up once into `cache`), or ENOSYS where it has none.
 macro_rules! forward {
     ($cache:ident, $name:literal, fn($($a:ident: $t:ty),*)) => {{
@@ -49,6 +65,7 @@ macro_rules! forward {
 /// C's execve.
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
+    bring_back(path, argv, envp);
     forward!(
         F,
         c"execve",
@@ -60,6 +77,7 @@ pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> 
 /// C's execv.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
+    bring_back(path, argv, environ_now());
     forward!(F, c"execv", fn(path: *const c_char, argv: Argv))
 }
 
@@ -67,6 +85,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
 /// C's execvp.
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
+    bring_back(file, argv, environ_now());
     forward!(F, c"execvp", fn(file: *const c_char, argv: Argv))
 }
 
@@ -74,6 +93,7 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
 /// glibc's execvpe.
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
+    bring_back(file, argv, envp);
     forward!(
         F,
         c"execvpe",
@@ -85,5 +105,6 @@ pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) ->
 /// C's fexecve.
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
+    bring_back(std::ptr::null(), argv, envp);
     forward!(F, c"fexecve", fn(fd: c_int, argv: Argv, envp: Argv))
 }

@@ -19,6 +19,7 @@
 
 mod ends;
 mod fds;
+mod guarded;
 mod heap;
 mod jemalloc;
 mod logging;

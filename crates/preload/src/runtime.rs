@@ -145,6 +145,10 @@ fn init() -> Result<(), InitError> {
     rc.async_settle = config.async_settle;
     rc.clean_copies = config.clean_copies;
     rc.store_limit = config.effective_store_limit();
+    rc.fault_route = config.fault_route;
+    // A whole program on the signal route needs its system calls guarded (see zmem_region's
+    // `guard` module).
+    rc.guard_syscalls = config.fault_route == zmem_region::FaultRoute::Signal;
     zmem_os::thread::set_start_hook(heap::mark_internal);
     // zmem code on a program thread (the fork hooks) allocates from the internal heap too.
     zmem_os::thread::set_heap_switch(heap::set_internal);

@@ -142,6 +142,13 @@ pub struct RegionConfig {
     pub lower: Option<zmem_store::LowerConfig>,
     /// Who serves faults (see [`FaultRoute`]; the handler thread by default).
     pub fault_route: FaultRoute,
+    /// With [`FaultRoute::Signal`]: make system calls into the region safe for a whole
+    /// program (the syscall guard, `crate::guard`): the region is placed at
+    /// [`crate::guard::GUARDED_BASE`] and a seccomp filter traps every call whose arguments
+    /// point into it, whose buffers are then brought back before the call runs. Once per
+    /// process, and for the process's life (the filter cannot be removed); what it costs
+    /// and what stays unsupported: docs/DESIGN-NOTES.md, "The syscall guard".
+    pub guard_syscalls: bool,
 }
 
 /// The default of [`RegionConfig::evict_group`] for a policy: 1 (each page alone) for every
@@ -216,6 +223,7 @@ impl RegionConfig {
             evict_group: None,
             lower: None,
             fault_route: FaultRoute::Handler,
+            guard_syscalls: false,
         }
     }
 
@@ -272,6 +280,11 @@ impl RegionConfig {
                 "an SSD tier needs a store limit: compressed pages are written to it as the \
                  store nears that limit"
                     .into(),
+            ));
+        }
+        if self.guard_syscalls && self.fault_route != FaultRoute::Signal {
+            return Err(RegionError::Config(
+                "guard_syscalls belongs to the signal fault route (fault_route = signal)".into(),
             ));
         }
         let budget_bytes = match &self.budget {

@@ -277,6 +277,23 @@ impl Shared {
             victims.sort_unstable();
             victims.dedup();
             victims.retain(|&v| inner.state.get(v as usize) == Resident);
+            // Pages a trapped system call is about to hand to the kernel (the syscall guard's
+            // pins) stay: given back to the policy, others go instead next time.
+            if crate::guard::any_pinned() {
+                let mut kept = Vec::new();
+                victims.retain(|&v| {
+                    let pinned = crate::guard::is_pinned(s.page_addr(v as usize));
+                    if pinned {
+                        kept.push(v);
+                    }
+                    !pinned
+                });
+                if let Some(t) = inner.tracker.as_mut() {
+                    for v in kept {
+                        t.insert_quiet(v);
+                    }
+                }
+            }
             inner.unsettled.extend_from_slice(&victims);
             for &slot in &slots[victims.len()..] {
                 self.slots.put_empty(slot);

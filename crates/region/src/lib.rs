@@ -23,6 +23,7 @@ mod events;
 mod evict;
 mod fault;
 mod fork;
+pub mod guard;
 mod idle;
 mod manager;
 pub mod policy;
@@ -30,6 +31,7 @@ mod signal;
 mod slots;
 mod state;
 mod stats;
+mod syscalls;
 mod uffd;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -138,7 +140,20 @@ impl Region {
             },
             uffd::OpenError::Unsupported(feature, why) => RegionError::Unsupported { feature, why },
         })?;
-        let region = reserve(len)?;
+        let region = if cfg.guard_syscalls {
+            let flags = MappingFlags {
+                noreserve: true,
+                no_huge_pages: false,
+            };
+            Mapping::at(guard::GUARDED_BASE, len, flags).map_err(|e| {
+                RegionError::Config(format!(
+                    "the syscall guard needs the region at {:#x}, which is taken: {e}",
+                    guard::GUARDED_BASE
+                ))
+            })?
+        } else {
+            reserve(len)?
+        };
         // No huge page may ever cover the staging area: UFFDIO_MOVE refuses (EEXIST) to move
         // into a slot under one.
         let staging = Mapping::new(STAGING_PAGES * PAGE, MappingFlags::RESERVE_SMALL_PAGES)
@@ -297,6 +312,9 @@ impl Region {
             if cfg.fault_route == FaultRoute::Signal {
                 let end = region_obj.base + region_obj.len;
                 region_obj.signal = Some(signal::list(region_obj.base, end, &shared)?);
+            }
+            if cfg.guard_syscalls {
+                guard::install(region_obj.base, region_obj.len, budget_pages * PAGE)?;
             }
             Ok(())
         });

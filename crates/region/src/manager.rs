@@ -467,6 +467,9 @@ impl Shared {
 
     pub fn handler_loop(self: &Arc<Self>) {
         self.colocation.register_ours();
+        // This thread may serve a fault for a thread that is exiting (see
+        // `signal::serve_by_handler`): its thread-locals must exist before then.
+        zmem_store::prepare_thread();
         let mut buf = vec![0u8; PAGE * self.fault_around.max(1)];
         let mut msgs = [Msg::default(); 16];
         // Reserved up front: while a fork is in progress this thread must not allocate (glibc
@@ -503,7 +506,12 @@ impl Shared {
                     revents: 0,
                 });
             }
-            let timeout = if deferred.is_empty() { 200 } else { 1 };
+            let assisting = crate::signal::ASSIST_PENDING.load(Relaxed) != 0;
+            let timeout = if deferred.is_empty() && !assisting {
+                200
+            } else {
+                1
+            };
             let mut rc = 0;
             if fast_faults && deferred.is_empty() && !self.colocation.pinned() {
                 // Faults come faster than the spin: stay awake for the next one (a sleeping
@@ -536,6 +544,21 @@ impl Shared {
             if self.stop.load(Relaxed) {
                 break;
             }
+            if fds[0].revents & libc::POLLIN != 0 {
+                // Not a stop: a fault that a program thread could not serve itself (signal
+                // route, see `signal::serve_by_handler`) woke us. Drain the count; should the
+                // stop have come meanwhile, leave it for the other handlers.
+                let mut n: u64 = 0;
+                // SAFETY: reading 8 bytes from our eventfd into `n`.
+                unsafe { libc::read(self.stop_fd, (&mut n as *mut u64).cast(), 8) };
+                if self.stop.load(Relaxed) {
+                    let one: u64 = 1;
+                    // SAFETY: as above, a write of 8 bytes.
+                    unsafe { libc::write(self.stop_fd, (&one as *const u64).cast(), 8) };
+                    break;
+                }
+            }
+            crate::signal::serve_assists(self, &mut buf);
             if fds[POLL_SPACES].revents & libc::POLLNVAL != 0 {
                 lost_descriptor(self.root.uffd.raw());
             }

@@ -17,7 +17,7 @@
 //! The handler route keeps serving everything else: the region's events (remove, unmap,
 //! remap, fork) still go to its handler thread, and eviction is unchanged.
 
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Once, OnceLock};
 use std::time::Instant;
 
@@ -154,26 +154,69 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
     // A missing page of a region is BUS_ADRERR; a poisoned page (corrupt data) is not ours to
     // serve, nor is a fault in a forked child (the parent's store has its pages).
-    let ours = (code == libc::BUS_ADRERR)
-        .then(|| find(addr))
-        .flatten()
-        // SAFETY: getpid cannot fail.
-        .filter(|s| s.creator_pid == unsafe { libc::getpid() } as u32);
+    let region = (code == libc::BUS_ADRERR).then(|| find(addr)).flatten();
+    let ours = region.filter(|s| in_creators_memory(s.creator_pid));
     let Some(shared) = ours else {
+        if region.is_some() {
+            say_forked_child();
+        }
         forward(sig, info, ctx);
         return;
     };
     // An unwinding panic must not leave a signal handler: abort instead.
+    // zmem code on the program's thread: what it allocates (the eviction it does after the
+    // fault) must come from zmem's own heap, never the program's (whose pages it could then
+    // fault on itself).
     let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        serve(shared, addr & !(PAGE - 1))
+        zmem_os::thread::as_zmem(|| serve(shared, addr & !(PAGE - 1)))
     }));
     if served.is_err() {
         std::process::abort();
     }
 }
 
+/// Whether this process runs in the region creator's memory: the creator itself, or a child
+/// that shares its address space (vfork, posix_spawn, clone with CLONE_VM), whose faults are
+/// the creator's to serve. A forked child has memory of its own, whose pages the parent's
+/// userfaultfd cannot map.
+fn in_creators_memory(creator: u32) -> bool {
+    // SAFETY: getpid cannot fail; kcmp compares two processes' address spaces and reads no
+    // memory of ours.
+    unsafe {
+        let me = libc::getpid();
+        me as u32 == creator
+            || libc::syscall(
+                libc::SYS_kcmp,
+                me,
+                creator as libc::pid_t,
+                0, /* KCMP_VM */
+                0,
+                0,
+            ) == 0
+    }
+}
+
+/// A forked child met an evicted page of the heap it shares with its parent: said once, then
+/// the fault takes its default course (the child ends with SIGBUS).
+fn say_forked_child() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Relaxed) {
+        let msg = b"zmem: a forked child touched an evicted page of its parent's heap; the \
+signal route does not serve forked children yet (run without --fault-route signal)\n";
+        // SAFETY: writing a static buffer to stderr.
+        unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+    }
+}
+
 fn serve(shared: &Arc<Shared>, page: usize) {
-    SERVED.with(|c| c.set(c.get() + 1));
+    // At the thread's exit its thread-locals (this module's buffer, the store's and the
+    // codecs' contexts) may already be destroyed while the program's own destructors still
+    // touch the heap: a handler thread serves such a fault instead.
+    if BUF.try_with(|_| ()).is_err() || !zmem_store::thread_state_alive() {
+        serve_by_handler(shared, page);
+        return;
+    }
+    let _ = SERVED.try_with(|c| c.set(c.get() + 1));
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         loop {
@@ -200,6 +243,11 @@ fn serve(shared: &Arc<Shared>, page: usize) {
 
 /// Hands a SIGBUS that is not a region's to the disposition found at installation.
 fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    if crate::guard::active() {
+        // The guard keeps the program's latest SIGBUS handler (it traps rt_sigaction).
+        crate::guard::forward_bus(sig, info, ctx);
+        return;
+    }
     let Some(prev) = PREVIOUS.get() else {
         return;
     };
@@ -224,6 +272,62 @@ fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
             // SAFETY: the program installed this as a plain handler.
             let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
             f(sig);
+        }
+    }
+}
+
+/// The SIGBUS disposition found when the handler was installed (the guard starts its record of
+/// the program's handler from it).
+pub(crate) fn previous_bus() -> Option<libc::sigaction> {
+    PREVIOUS.get().copied()
+}
+
+// ---------------------------------------------------------------- faults served by a handler
+
+/// Pages whose faults wait for a handler thread (0: free), see `serve_by_handler`.
+static ASSIST: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+/// Entries of `ASSIST` in use.
+pub(crate) static ASSIST_PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Serves `page` through the region's handler thread and waits for it.
+fn serve_by_handler(shared: &Arc<Shared>, page: usize) {
+    let slot = loop {
+        if let Some(s) = ASSIST
+            .iter()
+            .find(|s| s.compare_exchange(0, page, AcqRel, Relaxed).is_ok())
+        {
+            break s;
+        }
+        // SAFETY: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
+    };
+    ASSIST_PENDING.fetch_add(1, SeqCst);
+    let one: u64 = 1;
+    // SAFETY: the region's stop eventfd, open while the region lives; 8 bytes from `one`.
+    unsafe { libc::write(shared.stop_fd, (&one as *const u64).cast(), 8) };
+    while slot.load(Acquire) == page {
+        // SAFETY: as above.
+        unsafe { libc::sched_yield() };
+    }
+}
+
+/// On a handler thread: serves the pages waiting in `ASSIST` that are this region's.
+pub(crate) fn serve_assists(shared: &Arc<Shared>, buf: &mut Vec<u8>) {
+    if ASSIST_PENDING.load(SeqCst) == 0 {
+        return;
+    }
+    for slot in &ASSIST {
+        let page = slot.load(Acquire);
+        if page == 0 || shared.root.index_of(page).is_none() {
+            continue;
+        }
+        let t0 = Instant::now();
+        if let Served::Done =
+            shared.serve_fault(&shared.root, page, uffd::PAGEFAULT_FLAG_WRITE, buf)
+        {
+            shared.count_served(t0);
+            ASSIST_PENDING.fetch_sub(1, SeqCst);
+            slot.store(0, Release);
         }
     }
 }

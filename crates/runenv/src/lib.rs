@@ -16,7 +16,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use zmem_engine::Policy;
-use zmem_region::{CleanCopies, Eviction, RegionStats};
+use zmem_region::{CleanCopies, Eviction, FaultRoute, RegionStats};
 
 pub use size::{parse_size, SizeError};
 
@@ -43,6 +43,10 @@ pub const ENV_COLOCATE: &str = "ZMEM_COLOCATE";
 /// `0`: handlers compress the pages they evict themselves (`--no-async-settle`); unset or `1`:
 /// they leave it to the evictor thread (see zmem_region's `RegionConfig::async_settle`).
 pub const ENV_ASYNC_SETTLE: &str = "ZMEM_ASYNC_SETTLE";
+/// Who serves the program's faults (`--fault-route`): `handler` (the default: a zmem thread,
+/// woken by the kernel) or `signal` (the faulting thread itself, with the syscall guard; see
+/// zmem_region's `FaultRoute` and `RegionConfig::guard_syscalls`).
+pub const ENV_FAULT_ROUTE: &str = "ZMEM_FAULT_ROUTE";
 /// Which pages faulted back keep their compressed copy (`--clean-copies`): `off`, `ssd` (the
 /// default: those read back from the SSD log) or `all` (see zmem_region's `CleanCopies`).
 pub const ENV_CLEAN_COPIES: &str = "ZMEM_CLEAN_COPIES";
@@ -73,7 +77,7 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 21] = [
+pub const ALL_VARS: [&str; 22] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -84,6 +88,7 @@ pub const ALL_VARS: [&str; 21] = [
     ENV_HANDLER_THREADS,
     ENV_COLOCATE,
     ENV_ASYNC_SETTLE,
+    ENV_FAULT_ROUTE,
     ENV_CLEAN_COPIES,
     ENV_SSD,
     ENV_SSD_SIZE,
@@ -145,6 +150,7 @@ pub struct RunConfig {
     pub handler_threads: usize,
     pub colocate: bool,
     pub async_settle: bool,
+    pub fault_route: FaultRoute,
     pub clean_copies: CleanCopies,
     /// The SSD tier's log (see [`ENV_SSD`]), its size and whether it is encrypted.
     pub ssd: Option<PathBuf>,
@@ -172,6 +178,7 @@ impl Default for RunConfig {
             handler_threads: 1,
             colocate: true,
             async_settle: true,
+            fault_route: FaultRoute::Handler,
             clean_copies: CleanCopies::Ssd,
             ssd: None,
             ssd_size: None,
@@ -253,6 +260,11 @@ impl RunConfig {
             Some("0") => false,
             Some(v) => return Err(invalid(ENV_ASYNC_SETTLE, v, "expected 0 or 1")),
         };
+        c.fault_route = match get(ENV_FAULT_ROUTE).filter(|v| !v.is_empty()) {
+            None => FaultRoute::Handler,
+            Some(v) => FaultRoute::parse(&v)
+                .ok_or_else(|| invalid(ENV_FAULT_ROUTE, &v, "expected handler or signal"))?,
+        };
         c.clean_copies = match get(ENV_CLEAN_COPIES).filter(|v| !v.is_empty()) {
             None => CleanCopies::default(),
             Some(v) => CleanCopies::parse(&v)
@@ -322,6 +334,9 @@ impl RunConfig {
         }
         if !self.async_settle {
             v.push((ENV_ASYNC_SETTLE, "0".into()));
+        }
+        if self.fault_route != FaultRoute::Handler {
+            v.push((ENV_FAULT_ROUTE, self.fault_route.name().into()));
         }
         if self.clean_copies != CleanCopies::default() {
             v.push((ENV_CLEAN_COPIES, self.clean_copies.name().into()));
@@ -692,6 +707,7 @@ mod tests {
             handler_threads: 2,
             colocate: false,
             async_settle: false,
+            fault_route: FaultRoute::Signal,
             clean_copies: CleanCopies::All,
             ssd: Some("/var/tmp".into()),
             ssd_size: Some(2 << 30),
@@ -743,6 +759,7 @@ mod tests {
             (ENV_HANDLER_THREADS, "0"),
             (ENV_HANDLER_THREADS, "99"),
             (ENV_COLOCATE, "yes"),
+            (ENV_FAULT_ROUTE, "sigbus"),
             (ENV_ASYNC_SETTLE, "on"),
             (ENV_CLEAN_COPIES, "0"),
             (ENV_ON_ERROR, "ignore"),

@@ -112,6 +112,24 @@ thread_local! {
     static GROUP: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Whether this thread's store state (and its codecs') can still be used: not while the
+/// thread's thread-locals are being destroyed at its exit, when a fault on the signal route
+/// must be served by another thread.
+pub fn thread_state_alive() -> bool {
+    SCRATCH.try_with(|_| ()).is_ok()
+        && GROUP.try_with(|_| ()).is_ok()
+        && zmem_codec::thread_state_alive()
+}
+
+/// Makes this thread's store and codec state now (a thread that may have to serve another
+/// thread's fault during that thread's exit must not register its thread-local destructors
+/// then: glibc takes its loader lock for that, which the exiting thread may hold).
+pub fn prepare_thread() {
+    SCRATCH.with(|_| ());
+    GROUP.with(|_| ());
+    zmem_codec::prepare_thread();
+}
+
 impl PageStore {
     pub fn new(cfg: StoreConfig) -> Result<PageStore, StoreError> {
         if cfg.pages == 0 {

@@ -1,0 +1,284 @@
+//! Wrappers for the signal route's syscall guard (zmem_region's `guard` module): the C
+//! library's calls whose pointers point at more pointers (writev's iovecs, sendmsg's msghdr),
+//! which the seccomp filter sees only at the first level, and the signal calls that could take
+//! SIGBUS or SIGSYS away from zmem. With the guard off (the handler route, the default) each
+//! goes straight to the C library.
+//!
+//! - `readv`, `writev`, `preadv`, `pwritev` (and the `64`/`2` variants), `sendmsg`, `recvmsg`,
+//!   `sendmmsg`, `recvmmsg`: made by `guard::call`, which brings back and pins every buffer the
+//!   kernel will touch. (Made as plain system calls: they are no pthread cancellation points
+//!   under the guard.)
+//! - `sigprocmask`, `pthread_sigmask`: never block SIGBUS or SIGSYS (a fault or a trap while
+//!   they are blocked ends the process).
+//! - `sigaction`, `signal` for SIGBUS or SIGSYS: the program's handler is kept behind zmem's
+//!   and runs for the signals that are not zmem's.
+//! - `sigaltstack`: an alternate stack in the heap stays in DRAM while it is installed.
+//! - The exec wrappers (`ends.rs`) and `posix_spawn[p]` bring back the strings they pass.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::ptr::null_mut;
+use std::sync::atomic::AtomicPtr;
+
+use zmem_region::guard::{self, KernelSigaction};
+
+use crate::fds::next;
+
+/// The C library's `name` (looked up once into `cache`) called with the arguments; -1 with
+/// ENOSYS where it has none.
+macro_rules! real {
+    ($cache:ident, $name:literal, fn($($a:ident: $t:ty),*) -> $r:ty) => {{
+        static $cache: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+        let f = next(&$cache, $name);
+        if f.is_null() {
+            crate::set_errno(libc::ENOSYS);
+            return -1 as $r;
+        }
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($t),*) -> $r>(f)($($a),*)
+    }};
+}
+
+/// A system call's result as the C library returns it: -1 and errno for `-errno`.
+fn from_kernel(r: i64) -> i64 {
+    if (-4095..0).contains(&r) {
+        crate::set_errno(-r as i32);
+        -1
+    } else {
+        r
+    }
+}
+
+macro_rules! guarded {
+    ($name:ident, $lit:literal, $nr:expr, ($($a:ident: $t:ty),*) -> $r:ty, [$($arg:expr),*]) => {
+        /// # Safety
+        /// The C library's function of this name.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
+            if guard::active() {
+                let mut args = [0u64; 6];
+                for (slot, v) in args.iter_mut().zip([$($arg as u64),*]) {
+                    *slot = v;
+                }
+                return from_kernel(guard::call($nr, args)) as $r;
+            }
+            real!(F, $lit, fn($($a: $t),*) -> $r)
+        }
+    };
+}
+
+type Iov = *const libc::iovec;
+type Off = libc::off_t;
+
+guarded!(readv, c"readv", libc::SYS_readv, (fd: c_int, iov: Iov, n: c_int) -> isize, [fd, iov, n]);
+guarded!(writev, c"writev", libc::SYS_writev, (fd: c_int, iov: Iov, n: c_int) -> isize, [fd, iov, n]);
+guarded!(preadv, c"preadv", libc::SYS_preadv, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
+guarded!(pwritev, c"pwritev", libc::SYS_pwritev, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
+guarded!(preadv64, c"preadv64", libc::SYS_preadv, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
+guarded!(pwritev64, c"pwritev64", libc::SYS_pwritev, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
+guarded!(preadv2, c"preadv2", libc::SYS_preadv2, (fd: c_int, iov: Iov, n: c_int, o: Off, fl: c_int) -> isize, [fd, iov, n, o, 0, fl]);
+guarded!(pwritev2, c"pwritev2", libc::SYS_pwritev2, (fd: c_int, iov: Iov, n: c_int, o: Off, fl: c_int) -> isize, [fd, iov, n, o, 0, fl]);
+guarded!(sendmsg, c"sendmsg", libc::SYS_sendmsg, (fd: c_int, m: *const libc::msghdr, fl: c_int) -> isize, [fd, m, fl]);
+guarded!(recvmsg, c"recvmsg", libc::SYS_recvmsg, (fd: c_int, m: *mut libc::msghdr, fl: c_int) -> isize, [fd, m, fl]);
+guarded!(sendmmsg, c"sendmmsg", libc::SYS_sendmmsg, (fd: c_int, m: *mut libc::mmsghdr, n: u32, fl: c_int) -> c_int, [fd, m, n, fl]);
+guarded!(recvmmsg, c"recvmmsg", libc::SYS_recvmmsg, (fd: c_int, m: *mut libc::mmsghdr, n: u32, fl: c_int, t: *mut libc::timespec) -> c_int, [fd, m, n, fl, t]);
+
+/// A set to block without SIGBUS and SIGSYS, where the guard needs them.
+unsafe fn keep_ours(
+    how: c_int,
+    set: *const libc::sigset_t,
+    local: &mut libc::sigset_t,
+) -> *const libc::sigset_t {
+    if set.is_null() || !guard::active() || how == libc::SIG_UNBLOCK {
+        return set;
+    }
+    *local = *set;
+    libc::sigdelset(local, libc::SIGBUS);
+    libc::sigdelset(local, libc::SIGSYS);
+    local
+}
+
+/// # Safety
+/// C's sigprocmask.
+#[no_mangle]
+pub unsafe extern "C" fn sigprocmask(
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> c_int {
+    let mut local: libc::sigset_t = std::mem::zeroed();
+    let set = keep_ours(how, set, &mut local);
+    real!(
+        F,
+        c"sigprocmask",
+        fn(how: c_int, set: *const libc::sigset_t, old: *mut libc::sigset_t) -> c_int
+    )
+}
+
+/// # Safety
+/// C's pthread_sigmask.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_sigmask(
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> c_int {
+    let mut local: libc::sigset_t = std::mem::zeroed();
+    let set = keep_ours(how, set, &mut local);
+    real!(
+        F,
+        c"pthread_sigmask",
+        fn(how: c_int, set: *const libc::sigset_t, old: *mut libc::sigset_t) -> c_int
+    )
+}
+
+fn to_kernel(a: &libc::sigaction) -> KernelSigaction {
+    // SAFETY: sigset_t's first word holds signals 1..=64, the kernel's mask.
+    let mask = unsafe { *(&a.sa_mask as *const libc::sigset_t as *const u64) };
+    KernelSigaction {
+        handler: a.sa_sigaction,
+        flags: a.sa_flags as u64,
+        restorer: 0,
+        mask,
+    }
+}
+
+fn from_kernel_action(k: &KernelSigaction, out: &mut libc::sigaction) {
+    out.sa_sigaction = k.handler;
+    out.sa_flags = k.flags as c_int;
+    // SAFETY: as in to_kernel.
+    unsafe {
+        libc::sigemptyset(&mut out.sa_mask);
+        *(&mut out.sa_mask as *mut libc::sigset_t as *mut u64) = k.mask;
+    }
+}
+
+/// # Safety
+/// C's sigaction.
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    let new = (!act.is_null()).then(|| to_kernel(&*act));
+    if let Some(previous) = guard::program_handler(sig, new) {
+        if !old.is_null() {
+            from_kernel_action(&previous, &mut *old);
+        }
+        return 0;
+    }
+    real!(
+        F,
+        c"sigaction",
+        fn(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int
+    )
+}
+
+/// # Safety
+/// C's signal.
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    let new = KernelSigaction {
+        handler,
+        flags: libc::SA_RESTART as u64,
+        restorer: 0,
+        mask: 0,
+    };
+    if let Some(previous) = guard::program_handler(sig, Some(new)) {
+        return previous.handler;
+    }
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"signal");
+    if f.is_null() {
+        crate::set_errno(libc::ENOSYS);
+        return libc::SIG_ERR;
+    }
+    std::mem::transmute::<
+        *mut c_void,
+        unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t,
+    >(f)(sig, handler)
+}
+
+/// # Safety
+/// C's sigaltstack.
+#[no_mangle]
+pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::stack_t) -> c_int {
+    let r = {
+        static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+        let f = next(&F, c"sigaltstack");
+        if f.is_null() {
+            crate::set_errno(libc::ENOSYS);
+            return -1;
+        }
+        std::mem::transmute::<
+            *mut c_void,
+            unsafe extern "C" fn(*const libc::stack_t, *mut libc::stack_t) -> c_int,
+        >(f)(ss, old)
+    };
+    if r == 0 && !ss.is_null() {
+        let s = &*ss;
+        guard::alternate_stack(
+            s.ss_sp as usize,
+            s.ss_size,
+            s.ss_flags & libc::SS_DISABLE != 0,
+        );
+    }
+    r
+}
+
+type Argv = *const *const c_char;
+
+/// # Safety
+/// C's posix_spawn.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: Argv,
+    envp: Argv,
+) -> c_int {
+    guard::bring_back_exec(path as usize, argv as usize, envp as usize);
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"posix_spawn");
+    if f.is_null() {
+        return libc::ENOSYS;
+    }
+    type Spawn = unsafe extern "C" fn(
+        *mut libc::pid_t,
+        *const c_char,
+        *const libc::posix_spawn_file_actions_t,
+        *const libc::posix_spawnattr_t,
+        Argv,
+        Argv,
+    ) -> c_int;
+    std::mem::transmute::<*mut c_void, Spawn>(f)(pid, path, actions, attr, argv, envp)
+}
+
+/// # Safety
+/// C's posix_spawnp.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: Argv,
+    envp: Argv,
+) -> c_int {
+    guard::bring_back_exec(file as usize, argv as usize, envp as usize);
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"posix_spawnp");
+    if f.is_null() {
+        return libc::ENOSYS;
+    }
+    type Spawn = unsafe extern "C" fn(
+        *mut libc::pid_t,
+        *const c_char,
+        *const libc::posix_spawn_file_actions_t,
+        *const libc::posix_spawnattr_t,
+        Argv,
+        Argv,
+    ) -> c_int;
+    std::mem::transmute::<*mut c_void, Spawn>(f)(pid, file, actions, attr, argv, envp)
+}

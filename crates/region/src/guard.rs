@@ -1,0 +1,1002 @@
+//! The syscall guard: what makes the signal route (`FaultRoute::Signal`) safe for a whole
+//! program. On that route a user-mode access to an evicted page raises SIGBUS in the faulting
+//! thread, which serves it (`signal.rs`); a *kernel-mode* access (read(2) into an evicted
+//! buffer, a futex word, epoll_wait's array, a path string) would fail with EFAULT instead. So
+//! every system call whose arguments point into the region is stopped before it runs: a
+//! seccomp filter answers SECCOMP_RET_TRAP for it, the kernel raises SIGSYS in the calling
+//! thread, and this module's handler
+//!
+//! 1. pins the bytes the call will read or write (`syscalls.rs` knows which: the evictor leaves
+//!    pinned pages alone),
+//! 2. touches each of their pages from user mode (an evicted one comes back through SIGBUS),
+//! 3. makes the call itself from a trampoline page at a fixed address, which the filter lets
+//!    through, retrying a few times if it still met EFAULT (a page evicted between the pin's
+//!    publication and the evictor's check of it), and
+//! 4. puts the result where the program's syscall instruction expects it.
+//!
+//! Calls whose arguments do not point into the region pass the filter untouched (a few dozen
+//! BPF instructions). The region must lie at a fixed address ([`GUARDED_BASE`]) and the
+//! trampoline at [`TRAMPOLINE`]: a filter outlives execve, and in a program exec'd from this
+//! one (zmem or not) it must trap nothing that program owns, and let through the trampoline of
+//! a zmem program that installs its own guard.
+//!
+//! SIGBUS and SIGSYS are kept usable: rt_sigprocmask is trapped and never blocks them, and a
+//! program's own SIGBUS/SIGSYS handlers are recorded and called for signals that are not
+//! zmem's. What stays unsupported is listed in docs/DESIGN-NOTES.md ("The syscall guard").
+
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::*};
+use std::sync::Once;
+
+use crate::config::PAGE;
+use crate::error::RegionError;
+use crate::syscalls::{self, Arg, Rule};
+
+/// Where a region guarded by the filter starts (16 TiB): far below where the kernel places
+/// mappings (top-down from 128 TiB) and above any program's brk heap, so that in a program
+/// exec'd without zmem no pointer falls in the range the inherited filter checks.
+pub const GUARDED_BASE: usize = 0x1000_0000_0000;
+/// The trampoline page: the only place whose system calls the filter never traps.
+pub const TRAMPOLINE: usize = 0x0fff_ffff_0000;
+/// Marks the filter's traps (`si_errno` of the SIGSYS) apart from a program's own filters.
+const TRAP_DATA: u32 = 0x7a6d;
+/// `AUDIT_ARCH_X86_64` (linux/audit.h): EM_X86_64 | 64-bit | little-endian.
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+
+/// The guarded range, `[START, END)`.
+static START: AtomicUsize = AtomicUsize::new(0);
+static END: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of one call pinned and brought back at most (a quarter of the budget, at least 1
+/// MiB): a larger buffer is read or written in part, as the kernel would when a page of it
+/// faults (a short read or write), so a call can never pin more DRAM than the budget allows.
+static PIN_CAP: AtomicUsize = AtomicUsize::new(1 << 20);
+static INSTALL: Once = Once::new();
+
+/// The program's own handlers for SIGBUS and SIGSYS in the kernel's layout (handler, flags,
+/// restorer, mask), chained behind zmem's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct KernelSigaction {
+    pub handler: usize,
+    pub flags: u64,
+    pub restorer: usize,
+    pub mask: u64,
+}
+
+static PROGRAM_BUS: zmem_os::spin::SpinLock<KernelSigaction> =
+    zmem_os::spin::SpinLock::new(KernelSigaction {
+        handler: 0,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    });
+static PROGRAM_SYS: zmem_os::spin::SpinLock<KernelSigaction> =
+    zmem_os::spin::SpinLock::new(KernelSigaction {
+        handler: 0,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    });
+
+/// Whether the guard is on in this process.
+pub fn active() -> bool {
+    START.load(Acquire) != 0
+}
+
+/// Whether `addr` is in the guarded range.
+fn guarded(addr: usize) -> bool {
+    addr >= START.load(Relaxed) && addr < END.load(Relaxed)
+}
+
+// ---------------------------------------------------------------- pins
+
+/// Ranges the kernel is about to read or write on behalf of a trapped call (or an alternate
+/// signal stack, for as long as it is installed): the evictor does not take their pages.
+struct Pin {
+    start: AtomicUsize,
+    end: AtomicUsize,
+    /// The thread an alternate stack belongs to (0: a call's pin).
+    owner: AtomicI32,
+}
+const PINS: usize = 128;
+#[allow(clippy::declare_interior_mutable_const)] // only to build the array below
+const FREE_PIN: Pin = Pin {
+    start: AtomicUsize::new(0),
+    end: AtomicUsize::new(0),
+    owner: AtomicI32::new(0),
+};
+static PIN_TABLE: [Pin; PINS] = [FREE_PIN; PINS];
+/// Pins in use: the evictor looks at the table only when this is not zero.
+static PINNED: AtomicUsize = AtomicUsize::new(0);
+
+/// Pins `[start, end)`; `None` when the table is full (the call then relies on its retry).
+fn pin(start: usize, end: usize, owner: i32) -> Option<usize> {
+    for (i, p) in PIN_TABLE.iter().enumerate() {
+        if p.start.compare_exchange(0, start, AcqRel, Relaxed).is_ok() {
+            p.owner.store(owner, Relaxed);
+            p.end.store(end, SeqCst);
+            PINNED.fetch_add(1, SeqCst);
+            return Some(i);
+        }
+    }
+    None
+}
+
+fn unpin(i: usize) {
+    let p = &PIN_TABLE[i];
+    p.end.store(0, SeqCst);
+    p.owner.store(0, Relaxed);
+    p.start.store(0, Release);
+    PINNED.fetch_sub(1, SeqCst);
+}
+
+/// Whether any pin is in use (the evictor's cheap first question).
+pub(crate) fn any_pinned() -> bool {
+    PINNED.load(SeqCst) != 0
+}
+
+/// Whether the page at `addr` is pinned (asked by the evictor for each victim).
+pub(crate) fn is_pinned(addr: usize) -> bool {
+    PIN_TABLE.iter().any(|p| {
+        let end = p.end.load(SeqCst);
+        end != 0 && addr + PAGE > p.start.load(Relaxed) && addr < end
+    })
+}
+
+// ---------------------------------------------------------------- installation
+
+/// Installs the guard for the region `[start, start + len)`, which must begin at
+/// [`GUARDED_BASE`] and use the signal route. Once per process; the filter stays for the
+/// process's life and is inherited by its children.
+pub(crate) fn install(start: usize, len: usize, budget: usize) -> Result<(), RegionError> {
+    if start != GUARDED_BASE {
+        return Err(RegionError::Config(format!(
+            "the syscall guard needs the region at {GUARDED_BASE:#x}, not {start:#x}"
+        )));
+    }
+    PIN_CAP.store((budget / 4).max(1 << 20), Relaxed);
+    let mut result = Ok(());
+    INSTALL.call_once(|| result = install_once(start, len));
+    result?;
+    if START.load(Acquire) != start {
+        return Err(RegionError::Config(
+            "the syscall guard is already installed for another region".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn install_once(start: usize, len: usize) -> Result<(), RegionError> {
+    make_trampoline()?;
+    // SAFETY: zeroed sigactions are "default, empty mask"; the kernel fills `old`.
+    unsafe {
+        let mut new: libc::sigaction = std::mem::zeroed();
+        let mut old: libc::sigaction = std::mem::zeroed();
+        new.sa_sigaction = on_sigsys as *const () as usize;
+        // SA_NODEFER: a program handler that runs inside ours may make a trapped call too.
+        new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+        libc::sigemptyset(&mut new.sa_mask);
+        if libc::sigaction(libc::SIGSYS, &new, &mut old) != 0 {
+            return Err(crate::error::os("sigaction(SIGSYS)"));
+        }
+        *PROGRAM_SYS.lock() = KernelSigaction {
+            handler: old.sa_sigaction,
+            flags: old.sa_flags as u64,
+            restorer: 0,
+            mask: 0,
+        };
+        if let Some(bus) = crate::signal::previous_bus() {
+            *PROGRAM_BUS.lock() = KernelSigaction {
+                handler: bus.sa_sigaction,
+                flags: bus.sa_flags as u64,
+                restorer: 0,
+                mask: 0,
+            };
+        }
+    }
+    START.store(start, Release);
+    END.store(start + len, Release);
+    let filter = build_filter(start, start + len);
+    // Without CAP_SYS_ADMIN the kernel takes a filter only from a process that gave up gaining
+    // privileges (no set-user-ID execs from now on, in this process and its children).
+    // SAFETY: prctl and seccomp with valid arguments; `prog` points at `filter`, alive here.
+    unsafe {
+        let prog = libc::sock_fprog {
+            len: filter.len() as u16,
+            filter: filter.as_ptr() as *mut libc::sock_filter,
+        };
+        let tsync = libc::SECCOMP_FILTER_FLAG_TSYNC;
+        let mut r = libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            tsync,
+            &prog as *const libc::sock_fprog,
+        );
+        if r != 0 && zmem_os::Errno::last().code() == libc::EACCES {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(crate::error::os("prctl(PR_SET_NO_NEW_PRIVS)"));
+            }
+            r = libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                tsync,
+                &prog as *const libc::sock_fprog,
+            );
+        }
+        if r != 0 {
+            START.store(0, Release);
+            END.store(0, Release);
+            return Err(crate::error::os("seccomp(SECCOMP_SET_MODE_FILTER)"));
+        }
+    }
+    Ok(())
+}
+
+/// The trampoline: `long call(nr, a0, a1, a2, a3, a4, a5)` in the C calling convention,
+/// i.e. rax = rdi, rdi = rsi, rsi = rdx, rdx = rcx, r10 = r8, r8 = r9, r9 = [rsp + 8];
+/// syscall; ret. Written into a page of its own at [`TRAMPOLINE`] (a page already there
+/// with the same code, from an earlier install in this process, is taken as it is).
+const TRAMPOLINE_CODE: [u8; 26] = [
+    0x48, 0x89, 0xf8, // mov rax, rdi
+    0x48, 0x89, 0xf7, // mov rdi, rsi
+    0x48, 0x89, 0xd6, // mov rsi, rdx
+    0x48, 0x89, 0xca, // mov rdx, rcx
+    0x4d, 0x89, 0xc2, // mov r10, r8
+    0x4d, 0x89, 0xc8, // mov r8, r9
+    0x4c, 0x8b, 0x4c, 0x24, 0x08, // mov r9, [rsp + 8]
+    0x0f, 0x05, // syscall
+    0xc3, // ret
+];
+
+fn make_trampoline() -> Result<(), RegionError> {
+    // SAFETY: a fresh private mapping at a fixed address that must be free
+    // (MAP_FIXED_NOREPLACE); written, then made read-only and executable.
+    unsafe {
+        let p = libc::mmap(
+            TRAMPOLINE as *mut libc::c_void,
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED || p as usize != TRAMPOLINE {
+            if p != libc::MAP_FAILED {
+                libc::munmap(p, PAGE);
+            }
+            return Err(RegionError::Config(format!(
+                "the syscall guard's trampoline page at {TRAMPOLINE:#x} is taken: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        std::ptr::copy_nonoverlapping(
+            TRAMPOLINE_CODE.as_ptr(),
+            p.cast::<u8>(),
+            TRAMPOLINE_CODE.len(),
+        );
+        if libc::mprotect(p, PAGE, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+            let e = crate::error::os("mprotect(trampoline, PROT_EXEC)");
+            libc::munmap(p, PAGE);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Makes system call `nr` from the trampoline (not trapped).
+fn raw(nr: i64, a: [u64; 6]) -> i64 {
+    type Call = unsafe extern "C" fn(i64, u64, u64, u64, u64, u64, u64) -> i64;
+    // SAFETY: the page at TRAMPOLINE holds TRAMPOLINE_CODE (installed before any trap can
+    // reach this), a function of this signature.
+    unsafe {
+        let f: Call = std::mem::transmute::<usize, Call>(TRAMPOLINE);
+        f(nr, a[0], a[1], a[2], a[3], a[4], a[5])
+    }
+}
+
+// ---------------------------------------------------------------- the filter
+
+/// A BPF program under construction, with forward jumps resolved at the end.
+struct Bpf {
+    code: Vec<libc::sock_filter>,
+    /// (instruction, label) for BPF_JA instructions waiting for a label's position.
+    fixups: Vec<(usize, usize)>,
+    labels: Vec<Option<usize>>,
+}
+
+const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+const JGT_K: u16 = (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16;
+const JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
+const AND_K: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
+const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+const RET_ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+const RET_TRAP: u32 = libc::SECCOMP_RET_TRAP | TRAP_DATA;
+const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+
+// struct seccomp_data: nr (0), arch (4), instruction_pointer (8), args[6] (16).
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+const OFF_IP: u32 = 8;
+const fn off_arg_hi(i: u8) -> u32 {
+    16 + 8 * i as u32 + 4
+}
+
+impl Bpf {
+    fn op(&mut self, code: u16, jt: u8, jf: u8, k: u32) {
+        self.code.push(libc::sock_filter { code, jt, jf, k });
+    }
+    fn label(&mut self) -> usize {
+        self.labels.push(None);
+        self.labels.len() - 1
+    }
+    fn place(&mut self, l: usize) {
+        self.labels[l] = Some(self.code.len());
+    }
+    fn jump(&mut self, l: usize) {
+        self.fixups.push((self.code.len(), l));
+        self.op(JA, 0, 0, 0);
+    }
+    fn finish(mut self) -> Vec<libc::sock_filter> {
+        for (at, l) in self.fixups.drain(..) {
+            let target = self.labels[l].expect("every label placed");
+            self.code[at].k = (target - at - 1) as u32;
+        }
+        self.code
+    }
+}
+
+/// How the filter treats one call number.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Allow,
+    /// ENOSYS without a trap.
+    Refuse,
+    /// Trap when one of these arguments (bit mask) is in the range.
+    Args(u8),
+}
+
+fn class(nr: i64) -> Class {
+    match syscalls::rule(nr) {
+        Rule::Allow => Class::Allow,
+        Rule::Refuse => Class::Refuse,
+        r => Class::Args(syscalls::checked_args(r)),
+    }
+}
+
+fn build_filter(start: usize, end: usize) -> Vec<libc::sock_filter> {
+    let lo = (start >> 32) as u32;
+    let hi = ((end - 1) >> 32) as u32;
+    let mut b = Bpf {
+        code: Vec::new(),
+        fixups: Vec::new(),
+        labels: Vec::new(),
+    };
+    let allow = b.label();
+    let trap = b.label();
+    // Another architecture's calls (a 32-bit int 0x80 entry): not ours to judge.
+    b.op(LD_W_ABS, 0, 0, OFF_ARCH);
+    b.op(JEQ_K, 1, 0, AUDIT_ARCH_X86_64);
+    b.jump(allow);
+    // The trampoline's page.
+    b.op(LD_W_ABS, 0, 0, OFF_IP + 4);
+    b.op(JEQ_K, 0, 4, (TRAMPOLINE >> 32) as u32);
+    b.op(LD_W_ABS, 0, 0, OFF_IP);
+    b.op(AND_K, 0, 0, !(PAGE as u32 - 1));
+    b.op(JEQ_K, 0, 1, TRAMPOLINE as u32);
+    b.jump(allow);
+    b.op(LD_W_ABS, 0, 0, OFF_NR);
+    // Runs of call numbers with the same class, found by a binary search over the runs.
+    let mut runs: Vec<(i64, i64, Class)> = Vec::new();
+    for nr in 0..=syscalls::MAX_NR {
+        let c = class(nr);
+        match runs.last_mut() {
+            Some((_, last, lc)) if *lc == c && *last == nr - 1 => *last = nr,
+            _ => runs.push((nr, nr, c)),
+        }
+    }
+    runs.push((
+        syscalls::MAX_NR + 1,
+        u32::MAX as i64,
+        Class::Args(0b11_1111),
+    ));
+    let mut masks: Vec<(u8, usize)> = Vec::new();
+    let refuse = b.label();
+    let mut targets: Vec<usize> = Vec::new();
+    for &(_, _, c) in &runs {
+        let l = match c {
+            Class::Allow | Class::Args(0) => allow,
+            Class::Refuse => refuse,
+            Class::Args(m) => match masks.iter().find(|(mm, _)| *mm == m) {
+                Some(&(_, l)) => l,
+                None => {
+                    let l = b.label();
+                    masks.push((m, l));
+                    l
+                }
+            },
+        };
+        targets.push(l);
+    }
+    search(&mut b, &runs, &targets, 0, runs.len());
+    // Argument checks: the high half of each listed argument against the range's.
+    for &(m, l) in &masks {
+        b.place(l);
+        check_args(&mut b, m, lo, hi, trap);
+        b.jump(allow);
+    }
+    b.place(refuse);
+    b.op(RET_K, 0, 0, RET_ENOSYS);
+    b.place(allow);
+    b.op(RET_K, 0, 0, RET_ALLOW);
+    b.place(trap);
+    b.op(RET_K, 0, 0, RET_TRAP);
+    b.finish()
+}
+
+/// Emits: for each argument in `mask`, jump to `trap` if its high half is in `[lo, hi]`.
+fn check_args(b: &mut Bpf, mask: u8, lo: u32, hi: u32, trap: usize) {
+    for i in 0..6u8 {
+        if mask & (1 << i) == 0 {
+            continue;
+        }
+        b.op(LD_W_ABS, 0, 0, off_arg_hi(i));
+        b.op(JGE_K, 0, 2, lo); // below: next argument
+        b.op(JGT_K, 1, 0, hi); // above: next argument
+        b.jump(trap);
+    }
+}
+
+/// Emits a binary search over `runs[from..to]` on the call number (in the accumulator),
+/// jumping to each run's target.
+fn search(b: &mut Bpf, runs: &[(i64, i64, Class)], targets: &[usize], from: usize, to: usize) {
+    if to - from == 1 {
+        b.jump(targets[from]);
+        return;
+    }
+    let mid = (from + to) / 2;
+    let right = b.label();
+    b.op(JGE_K, 0, 1, runs[mid].0 as u32);
+    b.jump(right);
+    search(b, runs, targets, from, mid);
+    b.place(right);
+    search(b, runs, targets, mid, to);
+}
+
+// ---------------------------------------------------------------- the SIGSYS handler
+
+thread_local! {
+    /// 1: one of zmem's threads, 2: the program's, 0: not asked yet. No destructor, so it
+    /// can be read while the thread's other thread-locals are being destroyed.
+    static THREAD_KIND: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+fn on_zmem_thread() -> bool {
+    THREAD_KIND.with(|k| {
+        if k.get() == 0 {
+            k.set(if zmem_os::thread::is_zmem_thread() {
+                1
+            } else {
+                2
+            });
+        }
+        k.get() == 1
+    })
+}
+
+// siginfo_t for SIGSYS: si_signo (0), si_errno (4), si_code (8), then _call_addr (16),
+// _syscall (24), _arch (28).
+const SYS_SECCOMP: i32 = 1;
+
+extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler.
+    unsafe {
+        let words = info as *const i32;
+        let (errno, code, nr) = (*words.add(1), *words.add(2), *words.add(6));
+        if code != SYS_SECCOMP || errno as u32 != TRAP_DATA {
+            forward(&PROGRAM_SYS, sig, info, ctx);
+            return;
+        }
+        let uc = ctx as *mut libc::ucontext_t;
+        let g = &mut (*uc).uc_mcontext.gregs;
+        let args = [
+            g[libc::REG_RDI as usize] as u64,
+            g[libc::REG_RSI as usize] as u64,
+            g[libc::REG_RDX as usize] as u64,
+            g[libc::REG_R10 as usize] as u64,
+            g[libc::REG_R8 as usize] as u64,
+            g[libc::REG_R9 as usize] as u64,
+        ];
+        // As for a fault: zmem code on the program's thread allocates from zmem's heap.
+        let call = || zmem_os::thread::as_zmem(|| dispatch(nr as i64, args));
+        let r = match std::panic::catch_unwind(call) {
+            Ok(r) => r,
+            Err(_) => std::process::abort(),
+        };
+        g[libc::REG_RAX as usize] = r as libc::greg_t;
+    }
+}
+
+/// Runs a trapped call `nr` for the program and returns what the kernel would have.
+fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
+    if on_zmem_thread() {
+        // zmem's threads never touch the region: nothing to bring back.
+        return raw(nr, a);
+    }
+    call(nr, a)
+}
+
+/// Makes system call `nr` for the program with its buffers in the region brought back and
+/// pinned first; returns what the kernel returns (`-errno` on failure). The SIGSYS handler's
+/// work, and what the preload library's wrappers of calls with pointers behind pointers
+/// (writev, sendmsg, ...) call directly.
+pub fn call(nr: i64, a: [u64; 6]) -> i64 {
+    let rule = syscalls::rule(nr);
+    match rule {
+        Rule::Allow => raw(nr, a),
+        Rule::Refuse => -(libc::ENOSYS as i64),
+        Rule::Check(args) => guarded_call(nr, a, args),
+        Rule::SigMask => sigmask(a),
+        Rule::SigAction => sigaction(a),
+        Rule::SigAltStack => sigaltstack(a),
+    }
+}
+
+/// Up to this many ranges of one call are pinned; the rest rely on the retry.
+const MAX_RANGES: usize = 8;
+const RETRIES: usize = 8;
+
+fn guarded_call(nr: i64, a: [u64; 6], args: &[Arg]) -> i64 {
+    let mut pins = [usize::MAX; MAX_RANGES];
+    let mut npins = 0;
+    let mut ranges = Ranges::default();
+    for &arg in args {
+        collect(arg, &a, &mut ranges);
+    }
+    for &(s, e) in &ranges.list[..ranges.n] {
+        if npins < MAX_RANGES {
+            if let Some(i) = pin(s, e, 0) {
+                pins[npins] = i;
+                npins += 1;
+            }
+        }
+    }
+    let mut r = 0;
+    for _ in 0..RETRIES {
+        for &(s, e) in &ranges.list[..ranges.n] {
+            touch(s, e);
+        }
+        r = raw(nr, a);
+        if r != -(libc::EFAULT as i64) || ranges.n == 0 {
+            break;
+        }
+        // Some page went away between the touch and the kernel's access (the evictor took
+        // it before it saw the pin), or lies beyond what the table knows: again.
+        ranges.n = 0;
+        for &arg in args {
+            collect(arg, &a, &mut ranges);
+        }
+    }
+    for &i in &pins[..npins] {
+        unpin(i);
+    }
+    r
+}
+
+/// The guarded parts of a call's buffers.
+struct Ranges {
+    list: [(usize, usize); 64],
+    n: usize,
+}
+
+impl Default for Ranges {
+    fn default() -> Self {
+        Ranges {
+            list: [(0, 0); 64],
+            n: 0,
+        }
+    }
+}
+
+impl Ranges {
+    /// Adds `[start, start + len)` clipped to the guarded range and to the pin cap.
+    fn add(&mut self, start: usize, len: usize) {
+        self.add_whole(start, len.min(PIN_CAP.load(Relaxed)))
+    }
+
+    /// Adds `[start, start + len)` clipped to the guarded range only.
+    fn add_whole(&mut self, start: usize, len: usize) {
+        if len == 0 || self.n == self.list.len() {
+            return;
+        }
+        let (gs, ge) = (START.load(Relaxed), END.load(Relaxed));
+        let s = start.max(gs);
+        let e = start.saturating_add(len).min(ge);
+        if s < e {
+            self.list[self.n] = (s, e);
+            self.n += 1;
+        }
+    }
+}
+
+/// Reads a `T` the program passed (which may itself be in the region: reading it from user
+/// mode brings its page back).
+fn read_user<T: Copy>(addr: usize) -> Option<T> {
+    if addr == 0 {
+        return None;
+    }
+    // SAFETY: the program handed this address to the kernel as a pointer to a T; if it is
+    // bad the kernel would have failed the call with EFAULT, and so does this read with
+    // SIGSEGV in the program's thread, as the program's own read would.
+    Some(unsafe { std::ptr::read_unaligned(addr as *const T) })
+}
+
+/// Length of the NUL-terminated string at `addr`, its NUL included (at most 64 KiB).
+fn str_len(addr: usize) -> usize {
+    if addr == 0 {
+        return 0;
+    }
+    let mut n = 0;
+    while n < 64 << 10 {
+        // SAFETY: as in read_user: the program passed a string here.
+        if unsafe { std::ptr::read_volatile((addr + n) as *const u8) } == 0 {
+            return n + 1;
+        }
+        n += 1;
+    }
+    n
+}
+
+fn collect(arg: Arg, a: &[u64; 6], out: &mut Ranges) {
+    let v = |i: u8| a[i as usize] as usize;
+    match arg {
+        Arg::Bytes(p, l) => out.add(v(p), v(l)),
+        Arg::Array(p, n, size) => out.add(v(p), v(n).saturating_mul(size as usize)),
+        Arg::Fixed(p, size) => {
+            if v(p) != 0 {
+                out.add(v(p), size as usize)
+            }
+        }
+        Arg::LenAt(p, l) => {
+            if let Some(len) = read_user::<u32>(v(l)) {
+                out.add(v(p), len as usize);
+            }
+        }
+        Arg::Str(p) => {
+            if guarded(v(p)) {
+                out.add(v(p), str_len(v(p)))
+            }
+        }
+        Arg::StrArray(p) => {
+            let mut at = v(p);
+            out.add(at, 8);
+            while let Some(s) = read_user::<usize>(at) {
+                if s == 0 || out.n == out.list.len() {
+                    break;
+                }
+                if guarded(s) {
+                    out.add(s, str_len(s));
+                }
+                at += 8;
+                out.add(at, 8);
+            }
+        }
+        Arg::Iovec(p, n) => iovecs(v(p), v(n), out),
+        Arg::Msghdr(p) => msghdr(v(p), out),
+        Arg::Mmsghdr(p, n) => {
+            // struct mmsghdr { struct msghdr msg_hdr (56); unsigned msg_len; } = 64 bytes.
+            out.add(v(p), v(n).saturating_mul(64));
+            for k in 0..v(n).min(64) {
+                msghdr(v(p) + 64 * k, out);
+            }
+        }
+    }
+}
+
+fn iovecs(p: usize, n: usize, out: &mut Ranges) {
+    out.add(p, n.saturating_mul(16));
+    for k in 0..n.min(1024) {
+        let Some((base, len)) = read_user::<(usize, usize)>(p + 16 * k) else {
+            return;
+        };
+        out.add(base, len);
+    }
+}
+
+fn msghdr(p: usize, out: &mut Ranges) {
+    // struct msghdr: name (0), namelen u32 (8), iov (16), iovlen (24), control (32),
+    // controllen (40), flags (48); 56 bytes.
+    let Some(m) = read_user::<[u64; 7]>(p) else {
+        return;
+    };
+    out.add(p, 56);
+    out.add(m[0] as usize, m[1] as u32 as usize);
+    iovecs(m[2] as usize, m[3] as usize, out);
+    out.add(m[4] as usize, m[5] as usize);
+}
+
+/// Touches every page of `[s, e)` from user mode: an evicted one comes back (SIGBUS, served
+/// by `signal.rs` on this thread).
+fn touch(s: usize, e: usize) {
+    let mut p = s & !(PAGE - 1);
+    while p < e {
+        // SAFETY: a page of the region, which is mapped (registered) in full.
+        unsafe { std::ptr::read_volatile(p as *const u8) };
+        p += PAGE;
+    }
+}
+
+/// rt_sigprocmask(how, set, oldset, size): SIGBUS and SIGSYS are never blocked (a fault
+/// or a trap while they are would end the process).
+fn sigmask(a: [u64; 6]) -> i64 {
+    let (how, set, old) = (a[0] as i32, a[1] as usize, a[2] as usize);
+    let mut ranges = Ranges::default();
+    ranges.add(old, 8);
+    ranges.add(set, 8);
+    for &(s, e) in &ranges.list[..ranges.n] {
+        touch(s, e);
+    }
+    let mut local: u64;
+    let mut b = a;
+    if set != 0 {
+        local = read_user::<u64>(set).unwrap_or(0);
+        if how == libc::SIG_BLOCK || how == libc::SIG_SETMASK {
+            local &= !((1u64 << (libc::SIGBUS - 1)) | (1u64 << (libc::SIGSYS - 1)));
+        }
+        b[1] = &local as *const u64 as u64;
+    }
+    raw(libc::SYS_rt_sigprocmask, b)
+}
+
+/// rt_sigaction for SIGBUS or SIGSYS: the program's handler is recorded and called for the
+/// signals that are not zmem's; zmem's stays installed. Other signals go to the kernel.
+fn sigaction(a: [u64; 6]) -> i64 {
+    let sig = a[0] as i32;
+    let slot = match sig {
+        libc::SIGBUS => &PROGRAM_BUS,
+        libc::SIGSYS => &PROGRAM_SYS,
+        _ => {
+            return guarded_call(
+                libc::SYS_rt_sigaction,
+                a,
+                syscalls::args_of(Rule::SigAction),
+            )
+        }
+    };
+    let (new, old) = (a[1] as usize, a[2] as usize);
+    let incoming = read_user::<KernelSigaction>(new);
+    let previous = {
+        let mut g = slot.lock();
+        let previous = *g;
+        if let Some(n) = incoming {
+            *g = n;
+        }
+        previous
+    };
+    if old != 0 {
+        // SAFETY: the program passed a pointer to a kernel sigaction for the old one.
+        unsafe { std::ptr::write_unaligned(old as *mut KernelSigaction, previous) };
+    }
+    0
+}
+
+/// sigaltstack(ss, old): an alternate stack in the region is pinned while it is the
+/// thread's (the kernel writes signal frames there, from kernel mode).
+fn sigaltstack(a: [u64; 6]) -> i64 {
+    let r = guarded_call(
+        libc::SYS_sigaltstack,
+        a,
+        syscalls::args_of(Rule::SigAltStack),
+    );
+    if r != 0 || a[0] == 0 {
+        return r;
+    }
+    // stack_t: ss_sp (0), ss_flags i32 (8), ss_size (16).
+    if let Some((sp, flags, size)) = read_user::<(usize, i32, usize)>(a[0] as usize) {
+        alternate_stack(sp, size, flags & libc::SS_DISABLE != 0);
+    }
+    r
+}
+
+/// For the preload's `sigaction`/`signal`: the program's handler for SIGBUS or SIGSYS, which
+/// zmem keeps behind its own while the guard is on; `new` replaces it. Returns the previous
+/// one, or None for other signals or without the guard (the call then goes to the kernel).
+pub fn program_handler(sig: i32, new: Option<KernelSigaction>) -> Option<KernelSigaction> {
+    if !active() {
+        return None;
+    }
+    let slot = match sig {
+        libc::SIGBUS => &PROGRAM_BUS,
+        libc::SIGSYS => &PROGRAM_SYS,
+        _ => return None,
+    };
+    let mut g = slot.lock();
+    let previous = *g;
+    if let Some(n) = new {
+        *g = n;
+    }
+    Some(previous)
+}
+
+/// For the preload's `sigaltstack`: the calling thread's alternate signal stack is now
+/// `[sp, sp + size)` (or none, `disabled`); one in the region is pinned while it is in use,
+/// since the kernel writes signal frames there from kernel mode.
+pub fn alternate_stack(sp: usize, size: usize, disabled: bool) {
+    if !active() {
+        return;
+    }
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    for (i, p) in PIN_TABLE.iter().enumerate() {
+        if p.owner.load(Relaxed) == tid && p.end.load(SeqCst) != 0 {
+            unpin(i);
+        }
+    }
+    if disabled || size == 0 {
+        return;
+    }
+    let mut ranges = Ranges::default();
+    ranges.add_whole(sp, size);
+    if ranges.n == 1 {
+        let (s, e) = ranges.list[0];
+        if pin(s, e, tid).is_some() {
+            touch(s, e);
+        }
+    }
+}
+
+/// For the preload's exec wrappers: brings back the path and the strings of `argv` and
+/// `envp` (NULL-terminated arrays) that are in the region, so that the kernel can copy them.
+pub fn bring_back_exec(path: usize, argv: usize, envp: usize) {
+    if !active() || on_zmem_thread() {
+        return;
+    }
+    let mut ranges = Ranges::default();
+    let a = [path as u64, argv as u64, envp as u64, 0, 0, 0];
+    for arg in [Arg::Str(0), Arg::StrArray(1), Arg::StrArray(2)] {
+        collect(arg, &a, &mut ranges);
+    }
+    for &(s, e) in &ranges.list[..ranges.n] {
+        touch(s, e);
+    }
+}
+
+/// The program's handler for a SIGBUS or SIGSYS that is not zmem's, as the kernel would
+/// have run it; with none (or SIG_IGN), the default action: the process ends with that
+/// signal.
+pub(crate) fn forward_bus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    forward(&PROGRAM_BUS, sig, info, ctx)
+}
+
+fn forward(
+    slot: &zmem_os::spin::SpinLock<KernelSigaction>,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    let act = *slot.lock();
+    match act.handler {
+        h if h == libc::SIG_DFL || h == libc::SIG_IGN => {
+            // SAFETY: restore the default action and re-raise: the synchronous signal ends
+            // the process as it would have without zmem.
+            unsafe {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+                libc::raise(sig);
+            }
+        }
+        h if act.flags & libc::SA_SIGINFO as u64 != 0 => {
+            // SAFETY: the program installed this as an SA_SIGINFO handler.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(h) };
+            f(sig, info, ctx);
+        }
+        h => {
+            // SAFETY: the program installed this as a plain handler.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+            f(sig);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the filter on a call the way the kernel would (classic BPF, the subset we emit).
+    fn run(filter: &[libc::sock_filter], nr: u32, ip: u64, args: [u64; 6]) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&nr.to_le_bytes());
+        data[4..8].copy_from_slice(&AUDIT_ARCH_X86_64.to_le_bytes());
+        data[8..16].copy_from_slice(&ip.to_le_bytes());
+        for (i, a) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        let word = |off: u32| u32::from_le_bytes(data[off as usize..][..4].try_into().unwrap());
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let ins = filter[pc];
+            pc += 1;
+            match ins.code {
+                LD_W_ABS => acc = word(ins.k),
+                AND_K => acc &= ins.k,
+                JA => pc += ins.k as usize,
+                JEQ_K | JGE_K | JGT_K => {
+                    let t = match ins.code {
+                        JEQ_K => acc == ins.k,
+                        JGE_K => acc >= ins.k,
+                        _ => acc > ins.k,
+                    };
+                    pc += if t { ins.jt } else { ins.jf } as usize;
+                }
+                RET_K => return ins.k,
+                c => panic!("unexpected opcode {c:#x}"),
+            }
+        }
+    }
+
+    const LEN: usize = 200 << 30;
+
+    #[test]
+    fn the_filter_traps_calls_into_the_range_and_nothing_else() {
+        let f = build_filter(GUARDED_BASE, GUARDED_BASE + LEN);
+        assert!(f.len() < 4096, "{} instructions", f.len());
+        let inside = (GUARDED_BASE + 12345) as u64;
+        let outside = 0x7fff_1234_5000u64;
+        let ip = 0x5555_0000_1000u64;
+        let read = libc::SYS_read as u32;
+        assert_eq!(run(&f, read, ip, [3, inside, 10, 0, 0, 0]), RET_TRAP);
+        assert_eq!(run(&f, read, ip, [3, outside, 10, 0, 0, 0]), RET_ALLOW);
+        // The end of the range, and just past it.
+        let last = (GUARDED_BASE + LEN - 1) as u64;
+        assert_eq!(run(&f, read, ip, [3, last, 10, 0, 0, 0]), RET_TRAP);
+        let past = ((GUARDED_BASE + LEN + (4usize << 30)) & !((4usize << 30) - 1)) as u64;
+        assert_eq!(run(&f, read, ip, [3, past, 10, 0, 0, 0]), RET_ALLOW);
+        // An argument the table does not list as a pointer (the count) is not looked at.
+        assert_eq!(run(&f, read, ip, [3, outside, inside, 0, 0, 0]), RET_ALLOW);
+        // From the trampoline page: never trapped.
+        let tip = (TRAMPOLINE + 23) as u64;
+        assert_eq!(run(&f, read, tip, [3, inside, 10, 0, 0, 0]), RET_ALLOW);
+        // Address-only memory calls and calls never re-issued pass whatever they hold.
+        for nr in [
+            libc::SYS_madvise,
+            libc::SYS_munmap,
+            libc::SYS_clone,
+            libc::SYS_rt_sigreturn,
+        ] {
+            assert_eq!(run(&f, nr as u32, ip, [inside; 6]), RET_ALLOW, "{nr}");
+        }
+        // Pointers behind pointers: the first level only (the preload's wrappers do the rest).
+        let wv = libc::SYS_writev as u32;
+        assert_eq!(run(&f, wv, ip, [1, outside, 1, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&f, wv, ip, [1, inside, 1, 0, 0, 0]), RET_TRAP);
+        // Signal calls are trapped on their structs only, never on the signal number: a program
+        // exec'd without zmem inherits the filter, and an unhandled SIGSYS would end it.
+        assert_eq!(
+            run(&f, libc::SYS_rt_sigprocmask as u32, ip, [0; 6]),
+            RET_ALLOW
+        );
+        let sa = libc::SYS_rt_sigaction as u32;
+        assert_eq!(
+            run(&f, sa, ip, [libc::SIGBUS as u64, outside, 0, 8, 0, 0]),
+            RET_ALLOW
+        );
+        assert_eq!(
+            run(&f, sa, ip, [libc::SIGINT as u64, inside, 0, 8, 0, 0]),
+            RET_TRAP
+        );
+        // io_uring: refused by the filter itself, no trap.
+        let ur = libc::SYS_io_uring_setup as u32;
+        assert_eq!(run(&f, ur, ip, [8, outside, 0, 0, 0, 0]), RET_ENOSYS);
+        // A call number the table does not know: every argument is checked.
+        assert_eq!(run(&f, 600, ip, [0, 0, 0, 0, 0, inside]), RET_TRAP);
+        assert_eq!(run(&f, 600, ip, [1, 2, 3, 4, 5, 6]), RET_ALLOW);
+        // Every call number lands somewhere (no fall-through past the end), and nothing is
+        // trapped whose arguments stay out of the range.
+        for nr in 0..600u32 {
+            let r = run(&f, nr, ip, [0, 1, 2, 3, 4, outside]);
+            assert!(r == RET_ALLOW || r == RET_ENOSYS, "{nr}");
+        }
+    }
+}
