@@ -90,8 +90,20 @@ pub fn is_zmem_thread() -> bool {
     // SAFETY: gettid and getpid have no preconditions.
     let main = unsafe { libc::gettid() == libc::getpid() };
     let mut name = [0u8; 16];
-    // SAFETY: PR_GET_NAME writes at most 16 bytes (the name and its NUL) into `name`.
-    let r = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    // SAFETY: PR_GET_NAME writes at most 16 bytes (the name and its NUL) into `name`. Through
+    // syscall(2) with every argument given: the variadic prctl(3) would pass whatever its
+    // unused argument registers hold, which a seccomp filter checking them (the signal route's
+    // syscall guard) may take for pointers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_prctl,
+            libc::PR_GET_NAME,
+            name.as_mut_ptr(),
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
     !main && r == 0 && name.starts_with(NAME_PREFIX.as_bytes())
 }
 

@@ -32,9 +32,10 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
 type Argv = *const *const c_char;
 
 /// On the signal route, the kernel copies the path and the strings from kernel mode: those in
-/// the evicted heap are brought back first (see zmem_region's `guard`).
-fn bring_back(path: *const c_char, argv: Argv, envp: Argv) {
-    zmem_region::guard::bring_back_exec(path as usize, argv as usize, envp as usize);
+/// the evicted heap are brought back first and stay until the call returns (see zmem_region's
+/// `guard`).
+fn with_strings<R>(path: *const c_char, argv: Argv, envp: Argv, f: impl FnOnce() -> R) -> R {
+    zmem_region::guard::with_exec_strings(path as usize, argv as usize, envp as usize, f)
 }
 
 extern "C" {
@@ -65,46 +66,51 @@ macro_rules! forward {
 /// C's execve.
 #[no_mangle]
 pub unsafe extern "C" fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
-    bring_back(path, argv, envp);
-    forward!(
-        F,
-        c"execve",
-        fn(path: *const c_char, argv: Argv, envp: Argv)
-    )
+    with_strings(path, argv, envp, || {
+        forward!(
+            F,
+            c"execve",
+            fn(path: *const c_char, argv: Argv, envp: Argv)
+        )
+    })
 }
 
 /// # Safety
 /// C's execv.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: Argv) -> c_int {
-    bring_back(path, argv, environ_now());
-    forward!(F, c"execv", fn(path: *const c_char, argv: Argv))
+    with_strings(path, argv, environ_now(), || {
+        forward!(F, c"execv", fn(path: *const c_char, argv: Argv))
+    })
 }
 
 /// # Safety
 /// C's execvp.
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: Argv) -> c_int {
-    bring_back(file, argv, environ_now());
-    forward!(F, c"execvp", fn(file: *const c_char, argv: Argv))
+    with_strings(file, argv, environ_now(), || {
+        forward!(F, c"execvp", fn(file: *const c_char, argv: Argv))
+    })
 }
 
 /// # Safety
 /// glibc's execvpe.
 #[no_mangle]
 pub unsafe extern "C" fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
-    bring_back(file, argv, envp);
-    forward!(
-        F,
-        c"execvpe",
-        fn(file: *const c_char, argv: Argv, envp: Argv)
-    )
+    with_strings(file, argv, envp, || {
+        forward!(
+            F,
+            c"execvpe",
+            fn(file: *const c_char, argv: Argv, envp: Argv)
+        )
+    })
 }
 
 /// # Safety
 /// C's fexecve.
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
-    bring_back(std::ptr::null(), argv, envp);
-    forward!(F, c"fexecve", fn(fd: c_int, argv: Argv, envp: Argv))
+    with_strings(std::ptr::null(), argv, envp, || {
+        forward!(F, c"fexecve", fn(fd: c_int, argv: Argv, envp: Argv))
+    })
 }

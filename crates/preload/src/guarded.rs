@@ -238,7 +238,6 @@ pub unsafe extern "C" fn posix_spawn(
     argv: Argv,
     envp: Argv,
 ) -> c_int {
-    guard::bring_back_exec(path as usize, argv as usize, envp as usize);
     static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
     let f = next(&F, c"posix_spawn");
     if f.is_null() {
@@ -252,7 +251,10 @@ pub unsafe extern "C" fn posix_spawn(
         Argv,
         Argv,
     ) -> c_int;
-    std::mem::transmute::<*mut c_void, Spawn>(f)(pid, path, actions, attr, argv, envp)
+    let spawn = std::mem::transmute::<*mut c_void, Spawn>(f);
+    guard::with_exec_strings(path as usize, argv as usize, envp as usize, || {
+        spawn(pid, path, actions, attr, argv, envp)
+    })
 }
 
 /// # Safety
@@ -266,7 +268,6 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: Argv,
     envp: Argv,
 ) -> c_int {
-    guard::bring_back_exec(file as usize, argv as usize, envp as usize);
     static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
     let f = next(&F, c"posix_spawnp");
     if f.is_null() {
@@ -280,5 +281,36 @@ pub unsafe extern "C" fn posix_spawnp(
         Argv,
         Argv,
     ) -> c_int;
-    std::mem::transmute::<*mut c_void, Spawn>(f)(pid, file, actions, attr, argv, envp)
+    let spawn = std::mem::transmute::<*mut c_void, Spawn>(f);
+    guard::with_exec_strings(file as usize, argv as usize, envp as usize, || {
+        spawn(pid, file, actions, attr, argv, envp)
+    })
+}
+
+/// # Safety
+/// C's pthread_create. glibc allocates the new thread's DTV (the array through which every
+/// thread-local is found) with malloc: made in zmem's own heap here, so that it is never
+/// evicted. On the signal route zmem's fault handler runs on the program's threads and reaches
+/// its thread-locals through that array; were it evicted, the handler would fault on it
+/// while serving another fault.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+) -> c_int {
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"pthread_create");
+    if f.is_null() {
+        return libc::ENOSYS;
+    }
+    type Create = unsafe extern "C" fn(
+        *mut libc::pthread_t,
+        *const libc::pthread_attr_t,
+        extern "C" fn(*mut c_void) -> *mut c_void,
+        *mut c_void,
+    ) -> c_int;
+    let create = std::mem::transmute::<*mut c_void, Create>(f);
+    zmem_os::thread::as_zmem(|| create(thread, attr, start, arg))
 }

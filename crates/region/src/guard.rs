@@ -471,14 +471,26 @@ thread_local! {
     static THREAD_KIND: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
 }
 
+/// Whether the calling thread is one of zmem's (as `zmem_os::thread::is_zmem_thread` tells,
+/// with its system calls made from the trampoline: from the handler, a call through the C
+/// library whose unused argument registers happen to hold a region address would be trapped
+/// again, forever).
 fn on_zmem_thread() -> bool {
     THREAD_KIND.with(|k| {
         if k.get() == 0 {
-            k.set(if zmem_os::thread::is_zmem_thread() {
-                1
-            } else {
-                2
-            });
+            let main = raw(libc::SYS_gettid, [0; 6]) == raw(libc::SYS_getpid, [0; 6]);
+            let mut name = [0u8; 16];
+            let a = [
+                libc::PR_GET_NAME as u64,
+                name.as_mut_ptr() as u64,
+                0,
+                0,
+                0,
+                0,
+            ];
+            let named = raw(libc::SYS_prctl, a) == 0
+                && name.starts_with(zmem_os::thread::NAME_PREFIX.as_bytes());
+            k.set(if !main && named { 1 } else { 2 });
         }
         k.get() == 1
     })
@@ -535,6 +547,7 @@ pub fn call(nr: i64, a: [u64; 6]) -> i64 {
     match rule {
         Rule::Allow => raw(nr, a),
         Rule::Refuse => -(libc::ENOSYS as i64),
+        Rule::Check(args) if is_plain_io(nr) => plain_io(nr, a, args),
         Rule::Check(args) => guarded_call(nr, a, args),
         Rule::SigMask => sigmask(a),
         Rule::SigAction => sigaction(a),
@@ -581,6 +594,64 @@ fn guarded_call(nr: i64, a: [u64; 6], args: &[Arg]) -> i64 {
         unpin(i);
     }
     r
+}
+
+fn is_plain_io(nr: i64) -> bool {
+    matches!(
+        nr,
+        libc::SYS_read | libc::SYS_write | libc::SYS_pread64 | libc::SYS_pwrite64
+    )
+}
+
+/// read, write, pread64, pwrite64 with a buffer larger than a call may pin: made in pieces of
+/// at most the pin cap, as a program's own loop would, so that the call still does all the
+/// work it would have done. A read from a pipe or socket takes one piece (a short read, as
+/// the kernel gives whenever less is ready: another piece could block); a read from a file
+/// and every write go on while each piece is done whole.
+fn plain_io(nr: i64, a: [u64; 6], args: &[Arg]) -> i64 {
+    let cap = PIN_CAP.load(Relaxed) as u64;
+    let (buf, len) = (a[1], a[2]);
+    let end = buf.saturating_add(len) as usize;
+    let touches_region = (buf as usize) < END.load(Relaxed) && end > START.load(Relaxed);
+    if len <= cap || !touches_region {
+        return guarded_call(nr, a, args);
+    }
+    let reads = nr == libc::SYS_read || nr == libc::SYS_pread64;
+    if reads && !is_file(a[0]) {
+        let mut b = a;
+        b[2] = cap;
+        return guarded_call(nr, b, args);
+    }
+    let positional = nr == libc::SYS_pread64 || nr == libc::SYS_pwrite64;
+    let mut done = 0u64;
+    while done < len {
+        let n = cap.min(len - done);
+        let mut b = a;
+        b[1] = buf + done;
+        b[2] = n;
+        if positional {
+            b[3] = a[3] + done;
+        }
+        let r = guarded_call(nr, b, args);
+        if r < 0 {
+            return if done > 0 { done as i64 } else { r };
+        }
+        done += r as u64;
+        if (r as u64) < n {
+            break;
+        }
+    }
+    done as i64
+}
+
+/// Whether descriptor `fd` is a regular file or a block device (a read of it is never short
+/// for want of data that could still come).
+fn is_file(fd: u64) -> bool {
+    // SAFETY: a zeroed stat is a valid buffer for the kernel to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let r = raw(libc::SYS_fstat, [fd, &mut st as *mut _ as u64, 0, 0, 0, 0]);
+    let kind = st.st_mode & libc::S_IFMT;
+    r == 0 && (kind == libc::S_IFREG || kind == libc::S_IFBLK)
 }
 
 /// The guarded parts of a call's buffers.
@@ -825,8 +896,7 @@ pub fn alternate_stack(sp: usize, size: usize, disabled: bool) {
     if !active() {
         return;
     }
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
+    let tid = raw(libc::SYS_gettid, [0; 6]) as i32;
     for (i, p) in PIN_TABLE.iter().enumerate() {
         if p.owner.load(Relaxed) == tid && p.end.load(SeqCst) != 0 {
             unpin(i);
@@ -845,20 +915,33 @@ pub fn alternate_stack(sp: usize, size: usize, disabled: bool) {
     }
 }
 
-/// For the preload's exec wrappers: brings back the path and the strings of `argv` and
-/// `envp` (NULL-terminated arrays) that are in the region, so that the kernel can copy them.
-pub fn bring_back_exec(path: usize, argv: usize, envp: usize) {
+/// For the preload's exec and posix_spawn wrappers: runs `f` (the C library's call) with the
+/// path and the strings of `argv` and `envp` (NULL-terminated arrays) that are in the region
+/// brought back and pinned, so that the kernel can copy them. execve is never trapped (see
+/// `syscalls.rs`): this is what keeps its strings in DRAM.
+pub fn with_exec_strings<R>(path: usize, argv: usize, envp: usize, f: impl FnOnce() -> R) -> R {
     if !active() || on_zmem_thread() {
-        return;
+        return f();
     }
     let mut ranges = Ranges::default();
     let a = [path as u64, argv as u64, envp as u64, 0, 0, 0];
     for arg in [Arg::Str(0), Arg::StrArray(1), Arg::StrArray(2)] {
         collect(arg, &a, &mut ranges);
     }
+    let mut pins = [usize::MAX; 64];
+    let mut npins = 0;
     for &(s, e) in &ranges.list[..ranges.n] {
+        if let Some(i) = pin(s, e, 0) {
+            pins[npins] = i;
+            npins += 1;
+        }
         touch(s, e);
     }
+    let r = f();
+    for &i in &pins[..npins] {
+        unpin(i);
+    }
+    r
 }
 
 /// The program's handler for a SIGBUS or SIGSYS that is not zmem's, as the kernel would
@@ -877,14 +960,17 @@ fn forward(
     let act = *slot.lock();
     match act.handler {
         h if h == libc::SIG_DFL || h == libc::SIG_IGN => {
-            // SAFETY: restore the default action and re-raise: the synchronous signal ends
-            // the process as it would have without zmem.
-            unsafe {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-                libc::raise(sig);
-            }
+            // The default action, restored in the kernel (a raw call: the preload's `sigaction`
+            // would only record it), then the signal again: the process ends as it would have
+            // without zmem.
+            let dfl = KernelSigaction::default();
+            let a = [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0];
+            raw(libc::SYS_rt_sigaction, a);
+            let (pid, tid) = (raw(libc::SYS_getpid, [0; 6]), raw(libc::SYS_gettid, [0; 6]));
+            raw(
+                libc::SYS_tgkill,
+                [pid as u64, tid as u64, sig as u64, 0, 0, 0],
+            );
         }
         h if act.flags & libc::SA_SIGINFO as u64 != 0 => {
             // SAFETY: the program installed this as an SA_SIGINFO handler.

@@ -163,6 +163,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         forward(sig, info, ctx);
         return;
     };
+    // Nothing below may use a thread-local before this: glibc finds every thread-local through
+    // the thread's DTV, an array it allocates with malloc, i.e. in the program's heap, where it
+    // can be evicted. A fault on it is served by a handler thread.
+    if in_this_threads_dtv(addr) {
+        serve_by_handler(shared, addr & !(PAGE - 1));
+        return;
+    }
     // An unwinding panic must not leave a signal handler: abort instead.
     // zmem code on the program's thread: what it allocates (the eviction it does after the
     // fault) must come from zmem's own heap, never the program's (whose pages it could then
@@ -180,20 +187,33 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 /// the creator's to serve. A forked child has memory of its own, whose pages the parent's
 /// userfaultfd cannot map.
 fn in_creators_memory(creator: u32) -> bool {
+    /// kcmp(2)'s type for "same address space" (linux/kcmp.h).
+    const KCMP_VM: libc::c_int = 1;
     // SAFETY: getpid cannot fail; kcmp compares two processes' address spaces and reads no
     // memory of ours.
     unsafe {
         let me = libc::getpid();
         me as u32 == creator
-            || libc::syscall(
-                libc::SYS_kcmp,
-                me,
-                creator as libc::pid_t,
-                0, /* KCMP_VM */
-                0,
-                0,
-            ) == 0
+            || libc::syscall(libc::SYS_kcmp, me, creator as libc::pid_t, KCMP_VM, 0, 0) == 0
     }
+}
+
+/// Whether `addr` is in the calling thread's dynamic thread vector (glibc x86_64: the TCB's
+/// second word points at entry 0, entry -1 holds the number of entries, 16 bytes each).
+fn in_this_threads_dtv(addr: usize) -> bool {
+    let dtv: usize;
+    // SAFETY: reads the TCB's `dtv` word through %fs, which glibc sets for every thread.
+    unsafe { std::arch::asm!("mov {}, fs:[8]", out(reg) dtv, options(nostack, readonly)) };
+    if dtv < 16 {
+        return false;
+    }
+    let start = dtv - 16;
+    if addr >= start && addr < start + PAGE {
+        return true; // the header itself: its length cannot be read yet
+    }
+    // SAFETY: entry -1 of the DTV (its page is resident, or the fault would be on it).
+    let len = unsafe { std::ptr::read_volatile(start as *const usize) };
+    addr >= start && addr < dtv + 16 * (len.min(1 << 20) + 1)
 }
 
 /// A forked child met an evicted page of the heap it shares with its parent: said once, then

@@ -609,6 +609,8 @@ fn run_program(
                     "--resident".into(),
                     format_size(b),
                     "--quiet".into(),
+                    "--fault-route".into(),
+                    ctx.args.fault_route.clone(),
                     "--stats".into(),
                     stats.display().to_string(),
                     "--".into(),
