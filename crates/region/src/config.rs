@@ -69,10 +69,11 @@ pub enum FaultRoute {
     /// wakes the faulting thread. Serves every access, system calls included.
     #[default]
     Handler,
-    /// The faulting thread gets SIGBUS and serves the fault itself (no hand-off). A system
-    /// call that touches an evicted page fails with EFAULT instead of waiting, a thread that
-    /// blocks SIGBUS is killed, and a forked child's faults are not served: only for code
-    /// that touches the region from user mode alone, without fork.
+    /// The faulting thread gets SIGBUS and serves the fault itself (no hand-off). Alone, a
+    /// system call that touches an evicted page fails with EFAULT instead of waiting and a
+    /// thread that blocks SIGBUS is killed: for code that touches the region from user mode
+    /// only. With [`RegionConfig::guard_syscalls`] (what `zmem run --fault-route signal` uses)
+    /// system calls into the region work too. A forked child's faults are not served.
     Signal,
 }
 
