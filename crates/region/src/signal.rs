@@ -216,13 +216,15 @@ fn in_this_threads_dtv(addr: usize) -> bool {
     addr >= start && addr < dtv + 16 * (len.min(1 << 20) + 1)
 }
 
-/// A forked child met an evicted page of the heap it shares with its parent: said once, then
-/// the fault takes its default course (the child ends with SIGBUS).
+/// A forked child touched a page of the heap that was not in memory at the fork (evicted, or
+/// never touched before): said once, then the fault takes its default course (the child ends
+/// with SIGBUS).
 fn say_forked_child() {
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Relaxed) {
-        let msg = b"zmem: a forked child touched an evicted page of its parent's heap; the \
-signal route does not serve forked children yet (run without --fault-route signal)\n";
+        let msg = b"zmem: a forked child touched a heap page that was not in memory when it \
+was forked (evicted or new); the signal route does not serve forked children yet (run without \
+--fault-route signal)\n";
         // SAFETY: writing a static buffer to stderr.
         unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
     }
