@@ -160,39 +160,51 @@ fn threads_faulting_in_a_storm_are_pinned_together_then_released() {
     // Two threads fault in turn, each on its own half, thousands of faults: a storm.
     // Each thread notes the one CPU its mask held whenever it looked during the storm (a slow
     // moment may release the group for a while: the assertion is that they were pinned
-    // together at some point).
+    // together at some point). On a loaded machine one thread may get the CPU alone for 256
+    // faults in a row and be pinned alone instead (CI, session 22: one thread saw CPU 1 pinned
+    // 14 times, the other never): up to three storms, each a full run.
     let t0 = std::time::Instant::now();
-    let masks: Vec<(Vec<usize>, bool)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..2)
-            .map(|t| {
-                let (r, barrier) = (&r, &barrier);
-                s.spawn(move || {
-                    barrier.wait();
-                    let mut during = Vec::new();
-                    for round in 1..=3u64 {
-                        for k in 0..half {
-                            let i = t * half + (k * 7919) % half;
-                            fill(page_mut(r, i), i, round);
-                            if k % 256 == 255 {
-                                let m = affinity();
-                                if cpus(&m) == 1 {
-                                    // SAFETY: a set the kernel filled; CPU_ISSET reads it.
-                                    let cpu = (0..libc::CPU_SETSIZE as usize)
-                                        .find(|&c| unsafe { libc::CPU_ISSET(c, &m) });
-                                    during.extend(cpu);
+    let storm = || -> Vec<(Vec<usize>, bool)> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|t| {
+                    let (r, barrier) = (&r, &barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        let mut during = Vec::new();
+                        for round in 1..=3u64 {
+                            for k in 0..half {
+                                let i = t * half + (k * 7919) % half;
+                                fill(page_mut(r, i), i, round);
+                                if k % 256 == 255 {
+                                    let m = affinity();
+                                    if cpus(&m) == 1 {
+                                        // SAFETY: a set the kernel filled; CPU_ISSET reads it.
+                                        let cpu = (0..libc::CPU_SETSIZE as usize)
+                                            .find(|&c| unsafe { libc::CPU_ISSET(c, &m) });
+                                        during.extend(cpu);
+                                    }
                                 }
                             }
                         }
-                    }
-                    barrier.wait();
-                    // Both stop faulting: the group is released after the quiet time.
-                    let back = mask_back_within(&own);
-                    (during, back)
+                        barrier.wait();
+                        // Both stop faulting: the group is released after the quiet time.
+                        let back = mask_back_within(&own);
+                        (during, back)
+                    })
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let together = |m: &[(Vec<usize>, bool)]| m[0].0.iter().any(|c| m[1].0.contains(c));
+    let mut masks = storm();
+    for _ in 1..3 {
+        if together(&masks) {
+            break;
+        }
+        masks = storm();
+    }
     // A storm is STREAK (256) faults within 10 ms. A machine too slow or too busy to fault
     // that fast never has one; that says nothing about colocation.
     let rate = r.stats().faults() as f64 / t0.elapsed().as_secs_f64();
