@@ -227,6 +227,35 @@ pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::s
 
 type Argv = *const *const c_char;
 
+type Spawn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    Argv,
+    Argv,
+) -> c_int;
+
+/// The C library's `posix_spawn` or `posix_spawnp` (`f`, null: ENOSYS), with the path and
+/// the strings pinned (`guard::with_exec_strings`).
+unsafe fn spawn_with_strings(
+    f: *mut c_void,
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: Argv,
+    envp: Argv,
+) -> c_int {
+    if f.is_null() {
+        return libc::ENOSYS;
+    }
+    let spawn = std::mem::transmute::<*mut c_void, Spawn>(f);
+    guard::with_exec_strings(path as usize, argv as usize, envp as usize, || {
+        spawn(pid, path, actions, attr, argv, envp)
+    })
+}
+
 /// # Safety
 /// C's posix_spawn.
 #[no_mangle]
@@ -239,22 +268,15 @@ pub unsafe extern "C" fn posix_spawn(
     envp: Argv,
 ) -> c_int {
     static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    let f = next(&F, c"posix_spawn");
-    if f.is_null() {
-        return libc::ENOSYS;
-    }
-    type Spawn = unsafe extern "C" fn(
-        *mut libc::pid_t,
-        *const c_char,
-        *const libc::posix_spawn_file_actions_t,
-        *const libc::posix_spawnattr_t,
-        Argv,
-        Argv,
-    ) -> c_int;
-    let spawn = std::mem::transmute::<*mut c_void, Spawn>(f);
-    guard::with_exec_strings(path as usize, argv as usize, envp as usize, || {
-        spawn(pid, path, actions, attr, argv, envp)
-    })
+    spawn_with_strings(
+        next(&F, c"posix_spawn"),
+        pid,
+        path,
+        actions,
+        attr,
+        argv,
+        envp,
+    )
 }
 
 /// # Safety
@@ -269,22 +291,15 @@ pub unsafe extern "C" fn posix_spawnp(
     envp: Argv,
 ) -> c_int {
     static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    let f = next(&F, c"posix_spawnp");
-    if f.is_null() {
-        return libc::ENOSYS;
-    }
-    type Spawn = unsafe extern "C" fn(
-        *mut libc::pid_t,
-        *const c_char,
-        *const libc::posix_spawn_file_actions_t,
-        *const libc::posix_spawnattr_t,
-        Argv,
-        Argv,
-    ) -> c_int;
-    let spawn = std::mem::transmute::<*mut c_void, Spawn>(f);
-    guard::with_exec_strings(file as usize, argv as usize, envp as usize, || {
-        spawn(pid, file, actions, attr, argv, envp)
-    })
+    spawn_with_strings(
+        next(&F, c"posix_spawnp"),
+        pid,
+        file,
+        actions,
+        attr,
+        argv,
+        envp,
+    )
 }
 
 /// # Safety

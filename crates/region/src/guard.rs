@@ -62,20 +62,17 @@ pub struct KernelSigaction {
     pub mask: u64,
 }
 
+/// No handler: SIG_DFL.
+const NO_ACTION: KernelSigaction = KernelSigaction {
+    handler: 0,
+    flags: 0,
+    restorer: 0,
+    mask: 0,
+};
 static PROGRAM_BUS: zmem_os::spin::SpinLock<KernelSigaction> =
-    zmem_os::spin::SpinLock::new(KernelSigaction {
-        handler: 0,
-        flags: 0,
-        restorer: 0,
-        mask: 0,
-    });
+    zmem_os::spin::SpinLock::new(NO_ACTION);
 static PROGRAM_SYS: zmem_os::spin::SpinLock<KernelSigaction> =
-    zmem_os::spin::SpinLock::new(KernelSigaction {
-        handler: 0,
-        flags: 0,
-        restorer: 0,
-        mask: 0,
-    });
+    zmem_os::spin::SpinLock::new(NO_ACTION);
 
 /// Whether the guard is on in this process.
 pub fn active() -> bool {
@@ -963,7 +960,7 @@ fn forward(
             // The default action, restored in the kernel (a raw call: the preload's `sigaction`
             // would only record it), then the signal again: the process ends as it would have
             // without zmem.
-            let dfl = KernelSigaction::default();
+            let dfl = NO_ACTION;
             let a = [sig as u64, &dfl as *const _ as u64, 0, 8, 0, 0];
             raw(libc::SYS_rt_sigaction, a);
             let (pid, tid) = (raw(libc::SYS_getpid, [0; 6]), raw(libc::SYS_gettid, [0; 6]));
@@ -972,16 +969,9 @@ fn forward(
                 [pid as u64, tid as u64, sig as u64, 0, 0, 0],
             );
         }
-        h if act.flags & libc::SA_SIGINFO as u64 != 0 => {
-            // SAFETY: the program installed this as an SA_SIGINFO handler.
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(h) };
-            f(sig, info, ctx);
-        }
         h => {
-            // SAFETY: the program installed this as a plain handler.
-            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
-            f(sig);
+            let siginfo = act.flags & libc::SA_SIGINFO as u64 != 0;
+            crate::signal::call_handler(h, siginfo, sig, info, ctx)
         }
     }
 }

@@ -284,17 +284,28 @@ fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
                 libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
             }
         }
-        h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
-            // SAFETY: the program installed this as an SA_SIGINFO handler.
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(h) };
-            f(sig, info, ctx);
-        }
-        h => {
-            // SAFETY: the program installed this as a plain handler.
-            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
-            f(sig);
-        }
+        h => call_handler(h, prev.sa_flags & libc::SA_SIGINFO != 0, sig, info, ctx),
+    }
+}
+
+/// Runs a program's signal handler `h` as the kernel would have: with siginfo and context if
+/// it was installed with SA_SIGINFO.
+pub(crate) fn call_handler(
+    h: usize,
+    siginfo: bool,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
+    if siginfo {
+        // SAFETY: the program installed this as an SA_SIGINFO handler.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the program installed this as a plain handler.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
     }
 }
 
