@@ -327,5 +327,56 @@ pub unsafe extern "C" fn pthread_create(
         *mut c_void,
     ) -> c_int;
     let create = std::mem::transmute::<*mut c_void, Create>(f);
-    zmem_os::thread::as_zmem(|| create(thread, attr, start, arg))
+    zmem_os::thread::as_zmem(|| {
+        if !guard::active() {
+            return create(thread, attr, start, arg);
+        }
+        // The new thread reads the global locale's LC_CTYPE data (malloc'd when the program
+        // set its locale, so in the region) in glibc's start_thread, before it unblocks the
+        // signals glibc blocked for the start: a fault there would end the process. That data
+        // stays in DRAM until the thread runs its start routine, where signals are unblocked.
+        let held = guard::keep_in_memory(ctype_data(), ctype_data() + 2 * zmem_region::PAGE);
+        let started = Box::into_raw(Box::new(Started { start, arg, held }));
+        let rc = create(thread, attr, run_started, started.cast());
+        if rc != 0 {
+            drop(Box::from_raw(started));
+        }
+        rc
+    })
+}
+
+/// A thread's start routine and argument, and what is kept in DRAM until it starts.
+struct Started {
+    start: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+    held: guard::Held,
+}
+
+extern "C" fn run_started(p: *mut c_void) -> *mut c_void {
+    // SAFETY: made by Box::into_raw in pthread_create for this thread alone.
+    let Started { start, arg, held } = *unsafe { Box::from_raw(p.cast::<Started>()) };
+    drop(held);
+    start(arg)
+}
+
+/// The address of the global locale's LC_CTYPE data (`struct __locale_data`, the first of
+/// glibc's `locale_t` fields), 0 if unknown. Its pointer is not exported; a copy of the global
+/// locale shares it.
+fn ctype_data() -> usize {
+    #[repr(C)]
+    struct LocaleStruct {
+        locales: [usize; 13],
+    }
+    // SAFETY: duplocale of the global locale returns a new locale object (or NULL), whose
+    // first field is the array of per-category data pointers; freed right after.
+    unsafe {
+        // LC_GLOBAL_LOCALE is ((locale_t) -1) in <locale.h>.
+        let copy = libc::duplocale(usize::MAX as libc::locale_t);
+        if copy.is_null() {
+            return 0;
+        }
+        let data = (*copy.cast::<LocaleStruct>()).locales[libc::LC_CTYPE as usize];
+        libc::freelocale(copy);
+        data
+    }
 }

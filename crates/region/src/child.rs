@@ -152,26 +152,35 @@ impl Shared {
     pub(crate) fn open_child_link(&self) {
         let stored = self.root.store.stats().orig_data_size > 0;
         self.stored_at_fork.store(stored, Relaxed);
-        let pair = fds::seqpacket_pair().ok();
-        let mut link = self.fork_link.lock();
-        for old in [link.0.take(), link.1.take()].into_iter().flatten() {
-            close_protected(old);
-        }
-        if let Some((a, b)) = pair {
-            *link = (Some(fds::move_high(a)), Some(fds::move_high(b)));
+        new_pair(&self.fork_link);
+        if self.signal_route {
+            new_pair(&self.fault_link);
         }
     }
 
     /// Parent hook: the child's end is the child's.
     pub(crate) fn parent_side_of_link(&self) {
-        if let Some(b) = self.fork_link.lock().1.take() {
-            close_protected(b);
+        for pair in [&self.fork_link, &self.fault_link] {
+            if let Some(b) = pair.lock().1.take() {
+                close_protected(b);
+            }
         }
     }
 
     /// Child hook: the parent's end is the parent's; this process's region pages get a thread
     /// that moves them out when the parent asks.
     pub(crate) fn child_side_of_link(&self) {
+        let (fa, fb) = std::mem::take(&mut *self.fault_link.lock());
+        if let Some(a) = fa {
+            close_protected(a);
+        }
+        if let Some(b) = fb {
+            // Faults here (and in processes forked from here) are asked over it (`forked`).
+            let raw = std::os::fd::IntoRawFd::into_raw_fd(b);
+            crate::forked::hello(raw);
+            // SAFETY: getpid has no preconditions.
+            crate::signal::link_forked_process(self.root.base, raw, unsafe { libc::getpid() });
+        }
         let (a, b) = std::mem::take(&mut *self.fork_link.lock());
         if let Some(a) = a {
             close_protected(a);
@@ -648,12 +657,25 @@ fn recv_msg<T: Copy>(fd: RawFd) -> Result<T, Errno> {
     }
 }
 
+/// Makes a new socket pair in `pair` (both ends moved high and protected), closing any left
+/// from a fork that did not happen.
+fn new_pair(pair: &parking_lot::Mutex<(Option<OwnedFd>, Option<OwnedFd>)>) {
+    let made = fds::seqpacket_pair().ok();
+    let mut link = pair.lock();
+    for old in [link.0.take(), link.1.take()].into_iter().flatten() {
+        close_protected(old);
+    }
+    if let Some((a, b)) = made {
+        *link = (Some(fds::move_high(a)), Some(fds::move_high(b)));
+    }
+}
+
 /// Closes one of zmem's protected descriptors (raw close(2), past the preload library).
 fn close_protected(fd: OwnedFd) {
     close_raw(std::os::fd::IntoRawFd::into_raw_fd(fd));
 }
 
-fn close_raw(fd: RawFd) {
+pub(crate) fn close_raw(fd: RawFd) {
     fds::unprotect(fd);
     // SAFETY: a descriptor we own, closed once.
     unsafe { libc::syscall(libc::SYS_close, fd) };

@@ -287,6 +287,9 @@ impl Shared {
         if let Some(children) = self.children.try_lock() {
             for c in children.iter() {
                 close(c.uffd.raw());
+                if let Some((l, _)) = &c.asks {
+                    close(l.raw()); // a link shared by a family is closed once, then EBADF
+                }
             }
         }
         close(self.stop_fd);
@@ -390,6 +393,16 @@ impl Shared {
         if link.is_some() {
             mine.child = Some(crate::child::ChildPages::new());
         }
+        // On the signal route the child asks for its faults over a link of its own; the
+        // processes it forks ask on the same one (`forked`).
+        let asks = if !self.signal_route {
+            None
+        } else if parent.is_root {
+            let end = self.fault_link.lock().0.take();
+            end.map(|a| (Arc::new(crate::forked::FaultLink::new(a)), true))
+        } else {
+            parent.asks.as_ref().map(|(l, _)| (l.clone(), false))
+        };
         Ok(Space {
             uffd: child_uffd,
             base: parent.base,
@@ -399,6 +412,7 @@ impl Shared {
             is_root: false,
             dead: AtomicBool::new(false),
             link: Mutex::new(link),
+            asks,
         })
     }
 

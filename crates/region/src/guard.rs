@@ -932,6 +932,11 @@ pub fn with_exec_strings<R>(path: usize, argv: usize, envp: usize, f: impl FnOnc
             pins[npins] = i;
             npins += 1;
         }
+    }
+    // posix_spawn's child runs with every signal blocked: a page taken after the touch would
+    // end it (a fault there cannot be served), not merely fail the exec with EFAULT.
+    crate::signal::wait_for_eviction_batches(START.load(Relaxed));
+    for &(s, e) in &ranges.list[..ranges.n] {
         touch(s, e);
     }
     let r = f();
@@ -939,6 +944,35 @@ pub fn with_exec_strings<R>(path: usize, argv: usize, envp: usize, f: impl FnOnc
         unpin(i);
     }
     r
+}
+
+/// Memory kept in DRAM by [`keep_in_memory`] until dropped.
+pub struct Held(Option<usize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            unpin(i);
+        }
+    }
+}
+
+/// Brings `[start, end)` back and keeps it in DRAM until the returned [`Held`] is dropped:
+/// pinned first, then every eviction batch that may have picked its pages before the pin was
+/// seen is waited out, then touched. For the windows where the C library runs with every signal
+/// blocked, where a fault on the signal route cannot be served and ends the process (a new
+/// thread reads the locale's data before it unblocks them). Nothing when the guard is off, the
+/// range is not the region's, or the pin table is full.
+pub fn keep_in_memory(start: usize, end: usize) -> Held {
+    if !active() || on_zmem_thread() || !guarded(start) {
+        return Held(None);
+    }
+    let held = Held(pin(start, end, 0));
+    if held.0.is_some() {
+        crate::signal::wait_for_eviction_batches(start);
+        touch(start, end);
+    }
+    held
 }
 
 /// The program's handler for a SIGBUS or SIGSYS that is not zmem's, as the kernel would

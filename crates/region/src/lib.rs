@@ -23,6 +23,7 @@ mod events;
 mod evict;
 mod fault;
 mod fork;
+mod forked;
 pub mod guard;
 mod idle;
 mod manager;
@@ -216,11 +217,14 @@ impl Region {
             is_root: true,
             dead: AtomicBool::new(false),
             link: Mutex::new(None),
+            asks: None,
         };
         let shared = Arc::new(Shared {
             root: Arc::new(root),
             children: Mutex::new(Vec::new()),
             fork_link: Mutex::new((None, None)),
+            fault_link: Mutex::new((None, None)),
+            signal_route: cfg.fault_route == FaultRoute::Signal,
             stored_at_fork: AtomicBool::new(false),
             forks_unserved: AtomicUsize::new(0),
             spare_store: Mutex::new(None),

@@ -54,6 +54,9 @@ pub(crate) struct Space {
     pub dead: AtomicBool,
     /// A forked child's link to its own thread, which moves its pages out (`child`).
     pub link: Mutex<Option<crate::child::ChildLink>>,
+    /// On the signal route, a forked process's family link, on which it asks for its faults
+    /// (`forked`), and whether this space is the child the link was made for.
+    pub asks: Option<(Arc<crate::forked::FaultLink>, bool)>,
 }
 
 pub(crate) struct SpaceInner {
@@ -358,6 +361,10 @@ pub(crate) struct Shared {
     /// Made by the fork prepare hook: the parent's and the child's ends of the link to the
     /// forked child's thread (`child`).
     pub fork_link: Mutex<(Option<std::os::fd::OwnedFd>, Option<std::os::fd::OwnedFd>)>,
+    /// The same for the link a child asks for its faults on (signal route only, `forked`).
+    pub fault_link: Mutex<(Option<std::os::fd::OwnedFd>, Option<std::os::fd::OwnedFd>)>,
+    /// `FaultRoute::Signal`: a forked child's faults come as asks over a link, not messages.
+    pub signal_route: bool,
     /// Whether the store held pages when the last fork was prepared: a child whose parent
     /// vanishes before linking it may have lost pages (`child`).
     pub stored_at_fork: AtomicBool,
@@ -479,6 +486,9 @@ impl Shared {
         let mut forks: Vec<(Arc<Space>, i32)> = Vec::with_capacity(64);
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut spaces: Vec<Arc<Space>> = Vec::new();
+        // Forked processes' links (signal route, `forked`), polled after the spaces.
+        let mut links: Vec<Arc<crate::forked::FaultLink>> = Vec::new();
+        let mut asked: Vec<(i32, u64)> = Vec::new();
         let mut last_arrival = Instant::now();
         let mut fast_faults = false;
         while !self.stop.load(Relaxed) {
@@ -505,6 +515,18 @@ impl Shared {
                     events: libc::POLLIN,
                     revents: 0,
                 });
+            }
+            let first_link = fds.len();
+            links.clear();
+            for (l, _) in spaces.iter().filter_map(|s| s.asks.as_ref()) {
+                if !l.closed() && !links.iter().any(|x| Arc::ptr_eq(x, l)) {
+                    links.push(l.clone());
+                    fds.push(libc::pollfd {
+                        fd: l.raw(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                }
             }
             let assisting = crate::signal::ASSIST_PENDING.load(Relaxed) != 0;
             let timeout = if deferred.is_empty() && !assisting {
@@ -563,6 +585,10 @@ impl Shared {
                 lost_descriptor(self.root.uffd.raw());
             }
             if self.forking.load(Acquire) {
+                // Asks wait for the fork (like faults); their links must not wake the poll.
+                for f in &mut fds[first_link..] {
+                    f.events = 0;
+                }
                 self.fork_mode(
                     &spaces,
                     &mut fds,
@@ -605,6 +631,16 @@ impl Shared {
                     }
                 }
             }
+            for (k, l) in links.iter().enumerate() {
+                if fds[first_link + k].revents == 0 {
+                    continue;
+                }
+                asked.clear();
+                l.read(&mut asked);
+                for &(pid, addr) in &asked {
+                    self.serve_asked(&spaces, l, pid, addr, &mut deferred, &mut buf);
+                }
+            }
             if !deferred.is_empty() {
                 // Swap with a spare so that both keep their reserved capacity (see fork_mode).
                 std::mem::swap(&mut deferred, &mut spare);
@@ -619,6 +655,38 @@ impl Shared {
                 self.evict_while_idle(&mut fds);
                 self.counters.add_ns(&self.counters.idle_evict_ns, t0);
             }
+        }
+    }
+
+    /// A fault a forked process asked about over link `l` (`forked`): served in its own space
+    /// when it is the child the link was made for (answered once done), else in every other
+    /// space of the family (it is one of them; each gets its own content) and answered at once
+    /// (a page not served yet is asked for again).
+    fn serve_asked(
+        self: &Arc<Self>,
+        spaces: &[Arc<Space>],
+        l: &Arc<crate::forked::FaultLink>,
+        pid: i32,
+        addr: u64,
+        deferred: &mut Vec<(Arc<Space>, Msg)>,
+        buf: &mut Vec<u8>,
+    ) {
+        let owner = l.is_owner(pid);
+        let family = spaces
+            .iter()
+            .filter(|s| matches!(&s.asks, Some((x, own)) if Arc::ptr_eq(x, l) && *own == owner));
+        let mut waits = false;
+        for s in family {
+            let m = Msg::asked(addr, owner);
+            match self.dispatch(s, &m, buf) {
+                Served::Retry => deferred.push((s.clone(), m)),
+                Served::Done => {}
+            }
+            waits |= owner;
+        }
+        if !waits {
+            // Not the owner's, or its space is gone: nothing else will answer.
+            l.answer(addr);
         }
     }
 
@@ -644,6 +712,19 @@ impl Shared {
                 let r = self.serve_fault(s, m.arg1 as usize & !(PAGE - 1), m.arg0, buf);
                 if let Served::Done = r {
                     self.count_served(t0);
+                }
+                r
+            }
+            crate::forked::LINK_FAULT => {
+                let t0 = Instant::now();
+                let r = self.serve_fault(s, m.arg1 as usize & !(PAGE - 1), m.arg0, buf);
+                if let Served::Done = r {
+                    self.count_served(t0);
+                    if m.arg2 != 0 {
+                        if let Some((l, _)) = &s.asks {
+                            l.answer(m.arg1);
+                        }
+                    }
                 }
                 r
             }

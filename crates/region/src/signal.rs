@@ -10,14 +10,15 @@
 //!   epoll_wait's array) does not wait for anyone: the system call fails with EFAULT;
 //! - a thread that blocks SIGBUS is killed by the kernel on such a fault (a synchronous signal
 //!   cannot be held);
-//! - a forked child's faults are not served: its SIGBUS goes to the disposition found before
-//!   (by default it ends the child), never served from the parent's state;
+//! - a forked child's faults are served by the creator over a link, a round trip per fault
+//!   (`forked`); a process forked without the fork hooks (a raw clone) is not served: one
+//!   message, then its SIGBUS takes the course it had before;
 //! - a program that replaces the SIGBUS handler afterwards takes the faults away from it.
 //!
 //! The handler route keeps serving everything else: the region's events (remove, unmap,
 //! remap, fork) still go to its handler thread, and eviction is unchanged.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Once, OnceLock};
 use std::time::Instant;
 
@@ -36,6 +37,10 @@ struct Slot {
     start: AtomicUsize,
     end: AtomicUsize,
     shared: AtomicPtr<Arc<Shared>>,
+    /// In a forked process: its end of the link it asks the creator on (`forked`), -1 in the
+    /// creator (and in a process not linked); and the pid of the child the link was made for.
+    link: AtomicI32,
+    link_owner: AtomicI32,
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // only to build the array below
@@ -43,6 +48,8 @@ const EMPTY: Slot = Slot {
     start: AtomicUsize::new(0),
     end: AtomicUsize::new(0),
     shared: AtomicPtr::new(std::ptr::null_mut()),
+    link: AtomicI32::new(-1),
+    link_owner: AtomicI32::new(0),
 };
 static SLOTS_IN_USE: [Slot; SLOTS] = [EMPTY; SLOTS];
 
@@ -135,8 +142,28 @@ fn install() -> Result<(), RegionError> {
     }
 }
 
-/// The region whose range holds `addr`, if any.
-fn find(addr: usize) -> Option<&'static Arc<Shared>> {
+/// In a forked child's fork hook: the region at `start` is served, in this process and every
+/// process forked from it, by asking over `sock` (`forked`), for the child `owner`.
+pub(crate) fn link_forked_process(start: usize, sock: i32, owner: i32) {
+    if let Some(slot) = SLOTS_IN_USE
+        .iter()
+        .find(|s| s.start.load(Acquire) == start && !s.shared.load(Acquire).is_null())
+    {
+        slot.link_owner.store(owner, Relaxed);
+        slot.link.store(sock, Release);
+    }
+}
+
+/// Returns once no eviction batch of the region holding `addr` is picking or moving pages: a
+/// batch that starts later sees the pins published before the call (see `guard::keep_in_memory`).
+pub(crate) fn wait_for_eviction_batches(addr: usize) {
+    if let Some((_, shared)) = find(addr) {
+        drop(shared.evict_lock.lock());
+    }
+}
+
+/// The region whose range holds `addr`, if any, and its slot.
+fn find(addr: usize) -> Option<(&'static Slot, &'static Arc<Shared>)> {
     SLOTS_IN_USE.iter().find_map(|slot| {
         let p = slot.shared.load(Acquire);
         if p.is_null() {
@@ -145,7 +172,7 @@ fn find(addr: usize) -> Option<&'static Arc<Shared>> {
         let (start, end) = (slot.start.load(Acquire), slot.end.load(Acquire));
         // SAFETY: listed, hence alive until `Listed::drop`, which runs only once no thread
         // may touch the region.
-        (addr >= start && addr < end).then(|| unsafe { &*p })
+        (addr >= start && addr < end).then(|| (slot, unsafe { &*p }))
     })
 }
 
@@ -153,16 +180,24 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
     // A missing page of a region is BUS_ADRERR; a poisoned page (corrupt data) is not ours to
-    // serve, nor is a fault in a forked child (the parent's store has its pages).
-    let region = (code == libc::BUS_ADRERR).then(|| find(addr)).flatten();
-    let ours = region.filter(|s| in_creators_memory(s.creator_pid));
-    let Some(shared) = ours else {
-        if region.is_some() {
-            say_forked_child();
-        }
+    // serve.
+    let Some((slot, shared)) = (code == libc::BUS_ADRERR).then(|| find(addr)).flatten() else {
         forward(sig, info, ctx);
         return;
     };
+    if !in_creators_memory(shared.creator_pid) {
+        // A forked process: its memory is described by the creator's snapshot of it, so the
+        // creator serves the fault (`forked`). Nothing here touches a thread-local or the heap.
+        let (link, owner) = (slot.link.load(Acquire), slot.link_owner.load(Relaxed));
+        match crate::forked::ask(link, owner, addr & !(PAGE - 1)) {
+            crate::forked::Asked::Answered => {}
+            crate::forked::Asked::Unserved => {
+                say_forked_child();
+                forward(sig, info, ctx);
+            }
+        }
+        return;
+    }
     // Nothing below may use a thread-local before this: glibc finds every thread-local through
     // the thread's DTV, an array it allocates with malloc, i.e. in the program's heap, where it
     // can be evicted. A fault on it is served by a handler thread.
@@ -216,15 +251,16 @@ fn in_this_threads_dtv(addr: usize) -> bool {
     addr >= start && addr < dtv + 16 * (len.min(1 << 20) + 1)
 }
 
-/// A forked child touched a page of the heap that was not in memory at the fork (evicted, or
-/// never touched before): said once, then the fault takes its default course (the child ends
-/// with SIGBUS).
+/// A forked process touched a heap page that was not in memory at the fork (evicted, or never
+/// touched before) and nobody can serve it: it was forked without the fork hooks (a raw clone
+/// system call), or the process it was forked from is gone. Said once, then the fault takes its
+/// default course (the process ends with SIGBUS).
 fn say_forked_child() {
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Relaxed) {
-        let msg = b"zmem: a forked child touched a heap page that was not in memory when it \
-was forked (evicted or new); the signal route does not serve forked children yet (run without \
---fault-route signal)\n";
+        let msg = b"zmem: a forked process touched a heap page that was not in memory when it \
+was forked, and nobody can serve it (forked by a raw clone system call, or the process it was \
+forked from is gone); run without --fault-route signal\n";
         // SAFETY: writing a static buffer to stderr.
         unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
     }

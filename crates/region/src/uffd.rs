@@ -123,6 +123,20 @@ pub struct Msg {
 
 const _: () = assert!(std::mem::size_of::<Msg>() == 32);
 
+impl Msg {
+    /// A fault a forked process asked about over its link (`forked`), served as a write;
+    /// `answer`: the asker waits for the answer (the fault is its own space's).
+    pub fn asked(addr: u64, answer: bool) -> Msg {
+        Msg {
+            event: crate::forked::LINK_FAULT,
+            arg0: PAGEFAULT_FLAG_WRITE,
+            arg1: addr,
+            arg2: answer as u64,
+            ..Msg::default()
+        }
+    }
+}
+
 /// How the descriptor was obtained (full mode either way: user-mode-only is never accepted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Opened {

@@ -74,30 +74,6 @@ fn child_reads_and_writes(r: &zmem_region::Region, pages: usize, budget: usize) 
     0
 }
 
-/// RssAnon of this process in bytes, read without allocating.
-fn rss_anon() -> Option<usize> {
-    let mut buf = [0u8; 4096];
-    // SAFETY: a NUL-terminated path; reading into a local array; closing what we opened.
-    let n = unsafe {
-        let fd = libc::open(c"/proc/self/status".as_ptr(), libc::O_RDONLY);
-        if fd < 0 {
-            return None;
-        }
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        n
-    };
-    let text = buf.get(..usize::try_from(n).ok()?)?;
-    let key = b"RssAnon:";
-    let at = text.windows(key.len()).position(|w| w == key)? + key.len();
-    let kib = text[at..]
-        .iter()
-        .skip_while(|b| b.is_ascii_whitespace())
-        .take_while(|b| b.is_ascii_digit())
-        .fold(0usize, |n, &d| n * 10 + usize::from(d - b'0'));
-    Some(kib * 1024)
-}
-
 /// Blocks until one byte arrives on `fd` (or it closes); no allocation (used in children).
 fn wait_byte(fd: i32) -> bool {
     let mut b = 0u8;

@@ -1,7 +1,7 @@
 //! `FaultRoute::Signal`: faulting threads serve their own faults from a SIGBUS handler. Round
 //! trips against a model from several threads, the documented EFAULT of a system call into an
-//! evicted page, a SIGBUS that is not a region's (or a forked child's) reaching the program's
-//! own handler.
+//! evicted page, a SIGBUS that is not a region's (or a raw-forked child's) reaching the
+//! program's own handler, forked children and grandchildren served by the creator.
 //! One process: the program's handler is installed before any region's (as a program's would
 //! be before zmem's library made its first region), once for every test here.
 
@@ -167,19 +167,131 @@ fn a_sigbus_that_is_not_a_regions_reaches_the_programs_handler() {
     let _ = std::fs::remove_file(&file);
 }
 
-/// A forked child's faults are not served on this route (the parent's store holds its pages):
-/// the child's SIGBUS goes to the disposition found before, here the program's handler (which
-/// maps a zero page); with none, the default action ends the child. Never the parent's handler
-/// serving the child's address space from the parent's state.
+/// A forked child's faults raise SIGBUS in the child, whose memory the creator's snapshot
+/// describes: the child asks the creator over its link and is served (`forked`). The child
+/// reads the whole heap (evicted at the fork) within its share of DRAM, writes its own
+/// version, forks a grandchild through glibc (which asks on the same link) that sees the
+/// child's data and writes its own; each process keeps its own bytes, and no fault reaches the
+/// program's handler. Exit codes name the failure; nothing in a child allocates.
 #[test]
-fn a_forked_childs_fault_goes_to_the_programs_own_handler() {
+fn forked_children_and_grandchildren_are_served_by_the_creator() {
+    let budget = 2 * MIB;
+    let Some(r) = signal_region(32 * MIB, budget) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    fill_all(&r, 1);
+    // SAFETY: fork in a test; the child touches memory, reads /proc, forks and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let code = child_and_grandchild(&r, pages, budget as usize);
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    // The parent, meanwhile: every even page gets a version of its own.
+    for idx in (0..pages).step_by(2) {
+        fill(page_mut(&r, idx), idx, 8);
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status:#x} (exit 10/11: the child read wrong data before/after its \
+         writes; 12: it grew past its share; 13: a fault reached the program's handler; 20/21: \
+         the grandchild read wrong data before/after its writes; 22: the grandchild died; 23: \
+         the grandchild's writes showed in the child)"
+    );
+    for idx in 0..pages {
+        check(page_mut(&r, idx), idx, if idx % 2 == 0 { 8 } else { 1 });
+    }
+    let st = r.stats();
+    assert!(st.forks >= 2, "the child's fork was not served: {st:?}");
+    assert!(
+        st.child_evictions > 0,
+        "the child was never evicted: {st:?}"
+    );
+}
+
+fn child_and_grandchild(r: &Region, pages: usize, budget: usize) -> i32 {
+    let before = PROGRAM_SIGBUS.load(SeqCst);
+    let Some(rss0) = rss_anon() else {
+        return 30;
+    };
+    for idx in 0..pages {
+        if !matches(page_mut(r, idx), idx, 1) {
+            return 10;
+        }
+    }
+    let Some(rss1) = rss_anon() else {
+        return 30;
+    };
+    // Past its share, the child's pages leave it (through its own thread): it does not grow
+    // by the ~30 MiB it read.
+    if rss1.saturating_sub(rss0) > budget {
+        return 12;
+    }
+    for idx in (1..pages).step_by(2) {
+        fill(page_mut(r, idx), idx, 9);
+    }
+    for idx in 0..pages {
+        if !matches(page_mut(r, idx), idx, if idx % 2 == 1 { 9 } else { 1 }) {
+            return 11;
+        }
+    }
+    // SAFETY: glibc's fork (the hooks run); the grandchild only touches memory and exits.
+    let g = unsafe { libc::fork() };
+    if g == 0 {
+        let mut code = 0;
+        for idx in 0..pages {
+            if !matches(page_mut(r, idx), idx, if idx % 2 == 1 { 9 } else { 1 }) {
+                code = 20;
+                break;
+            }
+        }
+        for idx in (0..pages).step_by(3) {
+            fill(page_mut(r, idx), idx, 11);
+        }
+        for idx in (0..pages).step_by(3) {
+            if code == 0 && !matches(page_mut(r, idx), idx, 11) {
+                code = 21;
+            }
+        }
+        // SAFETY: ends the grandchild.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    if g < 0 || unsafe { libc::waitpid(g, &mut status, 0) } != g || !libc::WIFEXITED(status) {
+        return 22;
+    }
+    if libc::WEXITSTATUS(status) != 0 {
+        return libc::WEXITSTATUS(status);
+    }
+    for idx in 0..pages {
+        if !matches(page_mut(r, idx), idx, if idx % 2 == 1 { 9 } else { 1 }) {
+            return 23;
+        }
+    }
+    if PROGRAM_SIGBUS.load(SeqCst) != before {
+        return 13;
+    }
+    0
+}
+
+/// A process forked by a raw system call (no fork hooks, hence no link) cannot be served: its
+/// fault goes to the disposition found before, here the program's handler (which maps a zero
+/// page); with none, the default action ends it. Never a page from another process's state.
+#[test]
+fn a_raw_forked_childs_fault_goes_to_the_programs_own_handler() {
     let Some(r) = signal_region(32 * MIB, 2 * MIB) else {
         return;
     };
     fill_all(&r, 1);
     let last = r.len() / PAGE - 1;
-    // SAFETY: fork in a test; the child only reads region memory and calls _exit.
-    let pid = unsafe { libc::fork() };
+    // SAFETY: a raw fork in a test; the child only reads region memory and calls _exit.
+    let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
     if pid == 0 {
         let before = PROGRAM_SIGBUS.load(SeqCst);
