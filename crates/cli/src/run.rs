@@ -101,7 +101,8 @@ pub struct RunArgs {
     /// Who serves the program's page faults: handler (a zmem thread the kernel wakes) or
     /// signal (the faulting thread itself, through SIGBUS, with a seccomp filter that brings
     /// back the buffers of system calls into the heap before they run; no set-user-ID execs
-    /// afterwards; forked children are not served yet: see README, "The signal route").
+    /// afterwards; forked children ask the program's handler thread: see README, "The signal
+    /// route").
     #[arg(long, value_enum, default_value = "handler")]
     pub fault_route: FaultRouteArg,
     /// Which pages faulted back keep their compressed copy, so that evicted again unchanged

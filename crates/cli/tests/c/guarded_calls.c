@@ -12,7 +12,8 @@
  *   alternate stack in the heap
  * 5 exec: a static binary (the inherited filter must trap nothing there), an execve with an
  *   empty environment and a heap argv, io_uring_setup answered ENOSYS
- * 6 fork: a child that touches an evicted page ends with SIGBUS, the parent is intact */
+ * 6 fork: a child and a grandchild served through the link, a pipeline through popen, a
+ *   raw-forked child not served (SIGBUS); the parent intact */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -253,8 +254,8 @@ static void execs(const char *stat_bin) {
     argv2[0] = argv[0]; argv2[1] = argv[1]; argv2[2] = cmd; argv2[3] = NULL;
     char *empty[] = {NULL};
     evict();
-    /* posix_spawn shares the parent's memory until the exec (forked children are not served
-     * on this route yet: mode 6). */
+    /* posix_spawn shares the parent's memory until the exec (the vfork child is served as the
+     * parent). */
     CHECK(posix_spawn(&c, "/bin/sh", NULL, NULL, argv2, empty) == 0, "posix_spawn");
     waitpid(c, &st, 0);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 7, "exec of a heap argv without zmem's environment: status %d", st);
@@ -263,17 +264,60 @@ static void execs(const char *stat_bin) {
     CHECK(r == -1 && errno == ENOSYS, "io_uring_setup: %ld", r);
 }
 
-/* A forked child is not served on the signal route yet: one that touches an evicted page of
- * the parent's heap ends with SIGBUS (after one message), and the parent goes on intact. */
+/* Forked children on the signal route ask the program's handler for their faults: a child
+ * reads the evicted heap, writes its own copy and allocates anew; a grandchild forked from it
+ * does the same; a shell pipeline through popen sees data the parent wrote to it; the parent
+ * is intact. A child of a raw fork system call (no fork hooks) is not served: SIGBUS. */
+static int child_checks(unsigned char *p, size_t n) {
+    if (!same(p, n, 13)) return 1;
+    unsigned char *q = pattern(n, 17); /* new heap pages in the child */
+    evict();
+    for (size_t i = 0; i < n; i += 4096) p[i] = 0;
+    if (!same(q, n, 17)) return 2;
+    for (size_t i = 0; i < n; i += 4096) if (p[i] != 0) return 3;
+    return 0;
+}
 static void forked(void) {
-    unsigned char *p = pattern(4 << 20, 13);
+    size_t n = 4 << 20;
+    unsigned char *p = pattern(n, 13);
     evict();
     pid_t c = fork();
-    if (c == 0) _exit(same(p, 4 << 20, 13) ? 0 : 1);
+    if (c == 0) {
+        int r = child_checks(p, n);
+        if (r) _exit(r);
+        /* The child's own changes are what its child sees. */
+        for (size_t i = 0; i < n; i += 4096) p[i] = (unsigned char)(i * 13 + i / 4096);
+        evict();
+        pid_t g = fork();
+        if (g == 0) _exit(child_checks(p, n) ? 4 : 0);
+        int gs = 0;
+        waitpid(g, &gs, 0);
+        _exit(WIFEXITED(gs) ? WEXITSTATUS(gs) : 5);
+    }
     int st = 0;
     waitpid(c, &st, 0);
-    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS, "the child's status: %d", st);
-    CHECK(same(p, 4 << 20, 13), "the parent's heap");
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child's status: %#x", st);
+    CHECK(same(p, n, 13), "the parent's heap after its child");
+    /* A pipeline: popen forks a shell that forks again; the parent's heap text goes through. */
+    char *cmd = malloc(64);
+    strcpy(cmd, "tr a-z A-Z | wc -c");
+    char *script = malloc(256);
+    snprintf(script, 256, "printf '%%s' %s | %s", "zmem-pipeline-text", cmd);
+    evict();
+    FILE *out = popen(script, "r");
+    CHECK(out != NULL, "popen");
+    char *line = malloc(64);
+    if (out) {
+        CHECK(fgets(line, 64, out) && atoi(line) == 18, "the pipeline's output: %s", line);
+        CHECK(pclose(out) == 0, "the pipeline's status");
+    }
+    /* A raw fork: no link, not served. */
+    evict();
+    c = (pid_t)syscall(SYS_fork);
+    if (c == 0) _exit(same(p, n, 13) ? 0 : 1);
+    waitpid(c, &st, 0);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS, "the raw-forked child's status: %#x", st);
+    CHECK(same(p, n, 13), "the parent's heap");
 }
 
 int main(int argc, char **argv) {
