@@ -179,7 +179,7 @@ impl Shared {
             let raw = std::os::fd::IntoRawFd::into_raw_fd(b);
             crate::forked::hello(raw);
             // SAFETY: getpid has no preconditions.
-            crate::signal::link_forked_process(self.root.base, raw, unsafe { libc::getpid() });
+            crate::signal::set_link(self.root.base, raw, unsafe { libc::getpid() });
         }
         let (a, b) = std::mem::take(&mut *self.fork_link.lock());
         if let Some(a) = a {

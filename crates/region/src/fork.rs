@@ -292,6 +292,9 @@ impl Shared {
                 }
             }
         }
+        if let Some(l) = self.raw_link.get() {
+            close(l.raw());
+        }
         close(self.stop_fd);
         close(self.gate_fd);
     }
@@ -398,8 +401,12 @@ impl Shared {
         let asks = if !self.signal_route {
             None
         } else if parent.is_root {
-            let end = self.fault_link.lock().0.take();
-            end.map(|a| (Arc::new(crate::forked::FaultLink::new(a)), true))
+            match self.fault_link.lock().0.take() {
+                Some(a) => Some((Arc::new(crate::forked::FaultLink::new(a)), true)),
+                // A raw fork (no hooks): the child asks on the creator's link for raw forks,
+                // which it inherited.
+                None => self.raw_link.get().map(|l| (l.clone(), false)),
+            }
         } else {
             parent.asks.as_ref().map(|(l, _)| (l.clone(), false))
         };

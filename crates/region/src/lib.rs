@@ -225,6 +225,7 @@ impl Region {
             fork_link: Mutex::new((None, None)),
             fault_link: Mutex::new((None, None)),
             signal_route: cfg.fault_route == FaultRoute::Signal,
+            raw_link: std::sync::OnceLock::new(),
             stored_at_fork: AtomicBool::new(false),
             forks_unserved: AtomicUsize::new(0),
             spare_store: Mutex::new(None),
@@ -316,6 +317,12 @@ impl Region {
             if cfg.fault_route == FaultRoute::Signal {
                 let end = region_obj.base + region_obj.len;
                 region_obj.signal = Some(signal::list(region_obj.base, end, &shared)?);
+                // Children forked without hooks inherit this link and ask on it (`forked`).
+                if let Ok((a, b)) = zmem_os::fds::seqpacket_pair() {
+                    let (a, b) = (zmem_os::fds::move_high(a), zmem_os::fds::move_high(b));
+                    let _ = shared.raw_link.set(Arc::new(forked::FaultLink::new(a)));
+                    signal::set_link(region_obj.base, std::os::fd::IntoRawFd::into_raw_fd(b), 0);
+                }
             }
             if cfg.guard_syscalls {
                 guard::install(region_obj.base, region_obj.len, budget_pages * PAGE)?;
@@ -359,6 +366,15 @@ impl Region {
     pub fn hand_off_children(&self) -> usize {
         if !self.in_creator() {
             return 0;
+        }
+        if !zmem_store::thread_state_alive() {
+            // exit() destroys the calling thread's thread-locals before its atexit handlers
+            // run, and reading the store needs them (the main thread has served faults on the
+            // signal route): a thread of ours reads instead.
+            let shared = self.shared().clone();
+            let t =
+                zmem_os::thread::spawn("zmem-hand-off".into(), move || shared.hand_off_children());
+            return t.ok().and_then(|t| t.join().ok()).unwrap_or(0);
         }
         self.shared().hand_off_children()
     }

@@ -365,6 +365,9 @@ pub(crate) struct Shared {
     pub fault_link: Mutex<(Option<std::os::fd::OwnedFd>, Option<std::os::fd::OwnedFd>)>,
     /// `FaultRoute::Signal`: a forked child's faults come as asks over a link, not messages.
     pub signal_route: bool,
+    /// The creator's end of the link that children forked without hooks (a raw clone) ask on;
+    /// the other end is listed with the region in this process, and inherited (`forked`).
+    pub raw_link: std::sync::OnceLock<Arc<crate::forked::FaultLink>>,
     /// Whether the store held pages when the last fork was prepared: a child whose parent
     /// vanishes before linking it may have lost pages (`child`).
     pub stored_at_fork: AtomicBool,

@@ -99,6 +99,10 @@ impl Drop for Listed {
     fn drop(&mut self) {
         let slot = &SLOTS_IN_USE[self.0];
         let p = slot.shared.swap(std::ptr::null_mut(), AcqRel);
+        let link = slot.link.swap(-1, AcqRel);
+        if link >= 0 {
+            crate::child::close_raw(link);
+        }
         slot.end.store(0, Release);
         slot.start.store(0, Release);
         if !p.is_null() {
@@ -142,15 +146,20 @@ fn install() -> Result<(), RegionError> {
     }
 }
 
-/// In a forked child's fork hook: the region at `start` is served, in this process and every
-/// process forked from it, by asking over `sock` (`forked`), for the child `owner`.
-pub(crate) fn link_forked_process(start: usize, sock: i32, owner: i32) {
+/// The link this process asks the creator on for the region at `start` (`forked`), for the
+/// child `owner` (0: no owner, the creator's link for raw forks). Set in the creator (that link
+/// is inherited by a child forked without hooks) and in a forked child's hook (its own link);
+/// the descriptor it replaces is closed.
+pub(crate) fn set_link(start: usize, sock: i32, owner: i32) {
     if let Some(slot) = SLOTS_IN_USE
         .iter()
         .find(|s| s.start.load(Acquire) == start && !s.shared.load(Acquire).is_null())
     {
         slot.link_owner.store(owner, Relaxed);
-        slot.link.store(sock, Release);
+        let old = slot.link.swap(sock, AcqRel);
+        if old >= 0 && old != sock {
+            crate::child::close_raw(old);
+        }
     }
 }
 
