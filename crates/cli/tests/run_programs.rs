@@ -1126,6 +1126,46 @@ fn system_calls_into_the_evicted_heap_on_the_signal_route() {
     }
 }
 
+/// A timer's signal handler that reads the evicted heap every 50 µs while the main thread
+/// faults on it too (tests/c/guarded_calls.c mode 7), on both fault routes. The kernel hands a
+/// process's signal to any thread that does not block it: run on zmem's threads, the handler
+/// faulted there (the handler route hung, each zmem thread waiting on itself); on the signal
+/// route a handler run in the middle of a fault served a second one on the same thread (an
+/// abort). zmem's threads block asynchronous signals, and a fault is served with them blocked.
+#[test]
+fn signal_handlers_that_fault_on_the_heap_meanwhile() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("guarded_calls", dir.path(), &[]);
+    for route in ["handler", "signal"] {
+        let mut cmd = zmem_cmd(&[
+            "run",
+            "--quiet",
+            "--resident",
+            "4M",
+            "--fault-route",
+            route,
+            "--",
+        ]);
+        cmd.arg(&prog).arg("7");
+        let out = run_to_end(
+            cmd,
+            dir.path(),
+            &format!("async-{route}"),
+            Duration::from_secs(120),
+        );
+        assert_eq!(
+            (out.code, out.stdout.trim()),
+            (Some(0), "async: ok"),
+            "{route}: {}",
+            tail(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn fork_and_exec() {
     if !ready() {

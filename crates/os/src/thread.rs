@@ -78,10 +78,67 @@ where
 {
     debug_assert!(name.starts_with(NAME_PREFIX), "zmem thread named {name}");
     let builder = std::thread::Builder::new().name(name);
+    // The new thread inherits the mask in force here: it starts with every asynchronous signal
+    // blocked, with no window before it could block them itself.
+    let _blocked = AsyncSignalsBlocked::new();
     builder.stack_size(STACK_SIZE).spawn(move || {
         run_start_hook();
         f()
     })
+}
+
+/// Blocks the asynchronous signals on the calling thread until dropped (the mask before is
+/// restored). zmem's threads keep them blocked for life: the kernel hands a signal sent to the
+/// process (a timer's SIGALRM, SIGCHLD, a kill) to any thread that does not block it, and the
+/// program's handler, run on a zmem thread, would touch the program's heap there (found: a
+/// SIGALRM handler reading the evicted heap ran on the fault handler, the evictor and the
+/// compressor threads, each then waiting on a lock it held itself). The synchronous signals
+/// (a fault, a trap) stay open: blocked, the kernel kills instead of delivering them.
+struct AsyncSignalsBlocked(libc::sigset_t);
+
+impl AsyncSignalsBlocked {
+    fn new() -> AsyncSignalsBlocked {
+        // SAFETY: sigset_t is plain data; the set and the old mask live on this stack, and the
+        // raw rt_sigprocmask (past any interposed sigprocmask) reads and writes 8 bytes of each.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut set);
+            for sync in [
+                libc::SIGBUS,
+                libc::SIGSYS,
+                libc::SIGSEGV,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+            ] {
+                libc::sigdelset(&mut set, sync);
+            }
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_BLOCK,
+                &set as *const libc::sigset_t,
+                &mut old as *mut libc::sigset_t,
+                8usize,
+            );
+            AsyncSignalsBlocked(old)
+        }
+    }
+}
+
+impl Drop for AsyncSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: as above, restoring the mask saved by `new`.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &self.0 as *const libc::sigset_t,
+                std::ptr::null_mut::<libc::sigset_t>(),
+                8usize,
+            )
+        };
+    }
 }
 
 /// Whether the calling thread is one zmem spawned: not the process's first thread, and named

@@ -126,7 +126,22 @@ fn install() -> Result<(), RegionError> {
             // where a blocked synchronous SIGBUS would kill the process. No SA_ONSTACK: serving
             // may compress (eviction), more stack than an alternate stack usually has.
             new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
-            libc::sigemptyset(&mut new.sa_mask);
+            // Every asynchronous signal waits while a fault is served: a program's handler
+            // (bash's SIGCHLD) that ran in the middle of it and touched an evicted page would
+            // serve a second fault on this thread while the first holds its locks and buffer
+            // (found as a panic, "already borrowed", in bash forking pipelines). The
+            // synchronous ones stay open: blocked, the kernel would kill rather than deliver.
+            libc::sigfillset(&mut new.sa_mask);
+            for sync in [
+                libc::SIGBUS,
+                libc::SIGSYS,
+                libc::SIGSEGV,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+            ] {
+                libc::sigdelset(&mut new.sa_mask, sync);
+            }
             if libc::sigaction(libc::SIGBUS, &new, &mut old) != 0 {
                 failed = Some(std::io::Error::last_os_error());
                 return;
@@ -285,7 +300,12 @@ fn serve(shared: &Arc<Shared>, page: usize) {
     }
     let _ = SERVED.try_with(|c| c.set(c.get() + 1));
     BUF.with(|buf| {
-        let mut buf = buf.borrow_mut();
+        // Taken only if a fault is served on this thread inside another (never expected: the
+        // asynchronous signals are blocked meanwhile); a handler thread serves that one.
+        let Ok(mut buf) = buf.try_borrow_mut() else {
+            serve_by_handler(shared, page);
+            return;
+        };
         loop {
             let t0 = Instant::now();
             // Served as a write: SIGBUS does not say, and a read would map the zero page,

@@ -13,7 +13,8 @@
  * 5 exec: a static binary (the inherited filter must trap nothing there), an execve with an
  *   empty environment and a heap argv, io_uring_setup answered ENOSYS
  * 6 fork: a child and a grandchild served through the link, a pipeline through popen, a
- *   raw-forked child; the parent intact */
+ *   raw-forked child; the parent intact
+ * 7 async: a timer's handler reads the evicted heap while the main thread faults on it */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -29,6 +30,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -320,9 +322,33 @@ static void forked(void) {
     CHECK(same(p, n, 13), "the parent's heap");
 }
 
+/* Asynchronous signals while faults are served: a timer's handler reads the evicted heap
+ * every 50 us while the main thread faults on it too. A handler that ran in the middle of zmem
+ * serving a fault and faulted itself used to serve a second fault on the same thread (a panic,
+ * or a deadlock on the first fault's locks). */
+static unsigned char *async_heap;
+static volatile unsigned long async_sum, async_ticks;
+static void on_alarm(int sig) {
+    (void)sig;
+    size_t pages = (16 << 20) / 4096, k = async_ticks++;
+    async_sum += async_heap[((k * 7919) % pages) * 4096 + 1];
+}
+static void async_signals(void) {
+    size_t n = 16 << 20;
+    async_heap = pattern(n, 5);
+    signal(SIGALRM, on_alarm);
+    struct itimerval it = {{0, 50}, {0, 50}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    for (int round = 0; round < 3; round++)
+        CHECK(same(async_heap, n, 5), "round %d", round);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    CHECK(async_ticks > 10, "the timer fired %lu times", async_ticks);
+}
+
 int main(int argc, char **argv) {
     int mode = atoi(argv[1]);
-    static const char *names[] = {"files", "threads", "vectors", "waits", "signals", "execs", "fork"};
+    static const char *names[] = {"files", "threads", "vectors", "waits", "signals", "execs", "fork", "async"};
     switch (mode) {
     case 0: files(); break;
     case 1: threads(); break;
@@ -331,6 +357,7 @@ int main(int argc, char **argv) {
     case 4: signals(); break;
     case 5: execs(argv[2]); break;
     case 6: forked(); break;
+    case 7: async_signals(); break;
     }
     printf("%s: %s\n", names[mode], bad ? "FAILED" : "ok");
     return bad != 0;
