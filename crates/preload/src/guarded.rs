@@ -335,7 +335,8 @@ pub unsafe extern "C" fn pthread_create(
         // set its locale, so in the region) in glibc's start_thread, before it unblocks the
         // signals glibc blocked for the start: a fault there would end the process. That data
         // stays in DRAM until the thread runs its start routine, where signals are unblocked.
-        let held = guard::keep_in_memory(ctype_data(), ctype_data() + 2 * zmem_region::PAGE);
+        let ctype = ctype_data();
+        let held = guard::keep_in_memory(ctype, ctype + 2 * zmem_region::PAGE);
         let started = Box::into_raw(Box::new(Started { start, arg, held }));
         let rc = create(thread, attr, run_started, started.cast());
         if rc != 0 {

@@ -17,6 +17,10 @@
 //! merely early, like fault-around), so the asker is served whichever it is. Families are
 //! small and short-lived (processes that exec leave them).
 //!
+//! A child of a raw fork (a `clone`/`fork` system call: no hooks, no link of its own) asks on
+//! the link the creator keeps for such children in its own slot, which the child inherited;
+//! that family has no owner, so its faults are served in every raw-forked space.
+//!
 //! Answers carry no addressee: several threads (and processes) of a family wait on the same
 //! socket, and any answer means "look again". A thread woken by another's answer finds its page
 //! still missing, faults again and asks again; each ask gets one answer, so every waiter gets

@@ -10,9 +10,10 @@
 //!   epoll_wait's array) does not wait for anyone: the system call fails with EFAULT;
 //! - a thread that blocks SIGBUS is killed by the kernel on such a fault (a synchronous signal
 //!   cannot be held);
-//! - a forked child's faults are served by the creator over a link, a round trip per fault
-//!   (`forked`); a process forked without the fork hooks (a raw clone) is not served: one
-//!   message, then its SIGBUS takes the course it had before;
+//! - a forked child's faults (a raw fork's too) are served by the creator over a link, a round
+//!   trip per fault (`forked`);
+//! - a thread whose stack is in the region dies with SIGSEGV when a page of its stack is
+//!   missing: the kernel cannot write the signal frame there;
 //! - a program that replaces the SIGBUS handler afterwards takes the faults away from it.
 //!
 //! The handler route keeps serving everything else: the region's events (remove, unmap,
@@ -37,8 +38,10 @@ struct Slot {
     start: AtomicUsize,
     end: AtomicUsize,
     shared: AtomicPtr<Arc<Shared>>,
-    /// In a forked process: its end of the link it asks the creator on (`forked`), -1 in the
-    /// creator (and in a process not linked); and the pid of the child the link was made for.
+    /// The end of a link this process asks the creator on (`forked`): in a forked child, its
+    /// own link's; in the creator, the link for raw forks (whose children inherit it; the
+    /// creator never asks); -1 without one. And the pid of the child the link was made for (0
+    /// for the raw forks' link).
     link: AtomicI32,
     link_owner: AtomicI32,
 }
@@ -276,15 +279,15 @@ fn in_this_threads_dtv(addr: usize) -> bool {
 }
 
 /// A forked process touched a heap page that was not in memory at the fork (evicted, or never
-/// touched before) and nobody can serve it: it was forked without the fork hooks (a raw clone
-/// system call), or the process it was forked from is gone. Said once, then the fault takes its
-/// default course (the process ends with SIGBUS).
+/// touched before) and nobody can serve it: the process it was forked from has been gone for
+/// seconds, or no link could be made at the fork. Said once, then the fault takes its default
+/// course (the process ends with SIGBUS).
 fn say_forked_child() {
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Relaxed) {
         let msg = b"zmem: a forked process touched a heap page that was not in memory when it \
-was forked, and nobody can serve it (forked by a raw clone system call, or the process it was \
-forked from is gone); run without --fault-route signal\n";
+was forked, and nobody can serve it (the process it was forked from is gone, or no link to it \
+could be made); run without --fault-route signal\n";
         // SAFETY: writing a static buffer to stderr.
         unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
     }
