@@ -99,3 +99,48 @@ mod tests {
         assert_eq!(read(pid, addr, &mut one).unwrap_err().code(), libc::ESRCH);
     }
 }
+
+/// Whether the page at `addr` is present in process `pid`'s memory (its /proc pagemap entry's
+/// bit 63, readable for a process of the same user); None if the entry cannot be read. Opens,
+/// reads and closes the file each time, allocating nothing. (How a forked child's link learns
+/// which space a grandchild's pid is: `region::forked`.)
+pub fn page_present(pid: libc::pid_t, addr: usize) -> Option<bool> {
+    let mut path = [0u8; 32];
+    let mut n = 0;
+    for b in b"/proc/" {
+        path[n] = *b;
+        n += 1;
+    }
+    let mut digits = [0u8; 10];
+    let (mut v, mut k) = (pid.max(0) as u32, digits.len());
+    loop {
+        k -= 1;
+        digits[k] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for &b in &digits[k..] {
+        path[n] = b;
+        n += 1;
+    }
+    for b in b"/pagemap\0" {
+        path[n] = *b;
+        n += 1;
+    }
+    let mut entry = 0u64;
+    // SAFETY: a NUL-terminated path in a local buffer; 8 bytes read into a local; the
+    // descriptor opened here is closed here.
+    let got = unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let off = (addr / 4096 * 8) as libc::off_t;
+        let got = libc::pread(fd, (&mut entry as *mut u64).cast(), 8, off);
+        libc::close(fd);
+        got
+    };
+    (got == 8).then_some(entry >> 63 == 1)
+}

@@ -15,7 +15,9 @@
 //! fault of a process that is not the child is served in every other space of the family:
 //! each gets its own content at that address (a sibling's copy is right for the sibling,
 //! merely early, like fault-around), so the asker is served whichever it is. Families are
-//! small and short-lived (processes that exec leave them).
+//! small and short-lived (processes that exec leave them). And once served, the asker's
+//! pagemap says which of them was its own (the page is present there after serving that space):
+//! its later faults are served in that space alone (`FaultLink::bind`).
 //!
 //! A child of a raw fork (a `clone`/`fork` system call: no hooks, no link of its own) asks on
 //! the link the creator keeps for such children in its own slot, which the child inherited;
@@ -56,6 +58,16 @@ pub(crate) struct FaultLink {
     owner: AtomicI32,
     /// Every process of the family closed its end (exec'd or exited): no longer polled.
     closed: AtomicBool,
+    /// Other processes of the family whose space is known (see [`FaultLink::bind`]).
+    bound: parking_lot::Mutex<Vec<Bound>>,
+}
+
+/// A process of a family tied to its space (the space's address), and the page it asked for
+/// last.
+struct Bound {
+    pid: i32,
+    space: usize,
+    last: u64,
 }
 
 impl Drop for FaultLink {
@@ -71,7 +83,38 @@ impl FaultLink {
             sock: std::os::fd::IntoRawFd::into_raw_fd(sock),
             owner: AtomicI32::new(0),
             closed: AtomicBool::new(false),
+            bound: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// The space (its address) process `pid` was found to be, for its ask of `addr`; None if
+    /// unknown, or if it asks for the page it asked for last (served there, yet still missing:
+    /// the tie was wrong, or is stale after a pid was reused), which unties it.
+    pub fn bound_space(&self, pid: i32, addr: u64) -> Option<usize> {
+        let mut bound = self.bound.lock();
+        let i = bound.iter().position(|b| b.pid == pid)?;
+        if bound[i].last == addr {
+            bound.swap_remove(i);
+            return None;
+        }
+        bound[i].last = addr;
+        Some(bound[i].space)
+    }
+
+    /// Process `pid` is the one in space `space` (the page it asked for, `addr`, became present
+    /// in it when served there): its later faults are served there alone.
+    pub fn bind(&self, pid: i32, space: usize, addr: u64) {
+        let mut bound = self.bound.lock();
+        bound.retain(|b| b.pid != pid && b.space != space);
+        bound.push(Bound {
+            pid,
+            space,
+            last: addr,
+        });
+    }
+
+    pub fn unbind(&self, pid: i32) {
+        self.bound.lock().retain(|b| b.pid != pid);
     }
 
     pub fn raw(&self) -> RawFd {

@@ -662,9 +662,10 @@ impl Shared {
     }
 
     /// A fault a forked process asked about over link `l` (`forked`): served in its own space
-    /// when it is the child the link was made for (answered once done), else in every other
-    /// space of the family (it is one of them; each gets its own content) and answered at once
-    /// (a page not served yet is asked for again).
+    /// when it is the child the link was made for, or a process whose space was found before
+    /// (answered once done); else in the other spaces of the family one by one, until the
+    /// asker's pagemap shows the page (that space is its own from then on), and answered (a
+    /// page not served yet is asked for again).
     fn serve_asked(
         self: &Arc<Self>,
         spaces: &[Arc<Space>],
@@ -674,23 +675,43 @@ impl Shared {
         deferred: &mut Vec<(Arc<Space>, Msg)>,
         buf: &mut Vec<u8>,
     ) {
-        let owner = l.is_owner(pid);
-        let family = spaces
-            .iter()
-            .filter(|s| matches!(&s.asks, Some((x, own)) if Arc::ptr_eq(x, l) && *own == owner));
-        let mut waits = false;
-        for s in family {
-            let m = Msg::asked(addr, owner);
-            match self.dispatch(s, &m, buf) {
-                Served::Retry => deferred.push((s.clone(), m)),
-                Served::Done => {}
+        let mut serve_in = |s: &Arc<Space>, answer: bool, buf: &mut Vec<u8>| {
+            let m = Msg::asked(addr, answer);
+            if let Served::Retry = self.dispatch(s, &m, buf) {
+                deferred.push((s.clone(), m));
             }
-            waits |= owner;
+        };
+        let owner = l.is_owner(pid);
+        let family = |own: bool| {
+            spaces
+                .iter()
+                .filter(move |s| matches!(&s.asks, Some((x, o)) if Arc::ptr_eq(x, l) && *o == own))
+        };
+        if owner {
+            match family(true).next() {
+                Some(s) => serve_in(s, true, buf),
+                None => l.answer(addr), // its space is gone: nothing else will answer
+            }
+            return;
         }
-        if !waits {
-            // Not the owner's, or its space is gone: nothing else will answer.
-            l.answer(addr);
+        if let Some(space) = l.bound_space(pid, addr) {
+            if let Some(s) = family(false).find(|s| Arc::as_ptr(s) as usize == space) {
+                serve_in(s, true, buf);
+                return;
+            }
+            l.unbind(pid);
         }
+        if zmem_os::remote::page_present(pid, addr as usize) != Some(true) {
+            for s in family(false) {
+                serve_in(s, false, buf);
+                if zmem_os::remote::page_present(pid, addr as usize) == Some(true) {
+                    l.bind(pid, Arc::as_ptr(s) as usize, addr);
+                    tracing::debug!(pid, "forked: a process's space found by its pagemap");
+                    break;
+                }
+            }
+        }
+        l.answer(addr);
     }
 
     /// A fault served since `t0`: its time goes to the latency histogram and the counters
