@@ -55,51 +55,6 @@ fn finish(n: isize, len: usize) -> Result<(), Errno> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_and_writes_a_child_and_reports_errors() {
-        let mut page = vec![7u8; 4096];
-        let addr = page.as_mut_ptr() as usize;
-        let mut ready = [0i32; 2];
-        // SAFETY: a pipe into a valid array of two ints.
-        assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
-        // SAFETY: the child only sleeps in read(2) and exits.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let mut b = 0u8;
-            // SAFETY: reading one byte into a local; then leaving without destructors.
-            unsafe {
-                libc::read(ready[0], (&mut b as *mut u8).cast(), 1);
-                libc::_exit(i32::from(page[100]));
-            }
-        }
-        let mut got = vec![0u8; 4096];
-        read(pid, addr, &mut got).expect("read the child's page");
-        assert!(got.iter().all(|&b| b == 7));
-        write(pid, addr + 100, &[42]).expect("write into the child");
-        let mut one = [0u8; 1];
-        read(pid, addr + 100, &mut one).unwrap();
-        assert_eq!(one[0], 42);
-        // Our own copy is untouched: the child's page is its own after the write.
-        assert_eq!(page[100], 7);
-        // Nothing mapped at address 0 in the child.
-        assert_eq!(read(pid, 0, &mut one).unwrap_err().code(), libc::EFAULT);
-        // SAFETY: one byte to the pipe, then reaping our own child.
-        let status = unsafe {
-            libc::write(ready[1], b"x".as_ptr().cast(), 1);
-            let mut st = 0;
-            libc::waitpid(pid, &mut st, 0);
-            st
-        };
-        assert_eq!(libc::WEXITSTATUS(status), 42, "the child saw our write");
-        assert_eq!(read(pid, addr, &mut one).unwrap_err().code(), libc::ESRCH);
-    }
-}
-
 /// Whether the page at `addr` is present in process `pid`'s memory (its /proc pagemap entry's
 /// bit 63, readable for a process of the same user); None if the entry cannot be read. Opens,
 /// reads and closes the file each time, allocating nothing. (How a forked child's link learns
@@ -143,4 +98,71 @@ pub fn page_present(pid: libc::pid_t, addr: usize) -> Option<bool> {
         got
     };
     (got == 8).then_some(entry >> 63 == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_and_writes_a_child_and_reports_errors() {
+        let mut page = vec![7u8; 4096];
+        let addr = page.as_mut_ptr() as usize;
+        let mut ready = [0i32; 2];
+        // SAFETY: a pipe into a valid array of two ints.
+        assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+        // SAFETY: the child only sleeps in read(2) and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut b = 0u8;
+            // SAFETY: reading one byte into a local; then leaving without destructors.
+            unsafe {
+                libc::read(ready[0], (&mut b as *mut u8).cast(), 1);
+                libc::_exit(i32::from(page[100]));
+            }
+        }
+        let mut got = vec![0u8; 4096];
+        read(pid, addr, &mut got).expect("read the child's page");
+        assert!(got.iter().all(|&b| b == 7));
+        write(pid, addr + 100, &[42]).expect("write into the child");
+        let mut one = [0u8; 1];
+        read(pid, addr + 100, &mut one).unwrap();
+        assert_eq!(one[0], 42);
+        // Our own copy is untouched: the child's page is its own after the write.
+        assert_eq!(page[100], 7);
+        // Nothing mapped at address 0 in the child.
+        assert_eq!(read(pid, 0, &mut one).unwrap_err().code(), libc::EFAULT);
+        // SAFETY: one byte to the pipe, then reaping our own child.
+        let status = unsafe {
+            libc::write(ready[1], b"x".as_ptr().cast(), 1);
+            let mut st = 0;
+            libc::waitpid(pid, &mut st, 0);
+            st
+        };
+        assert_eq!(libc::WEXITSTATUS(status), 42, "the child saw our write");
+        assert_eq!(read(pid, addr, &mut one).unwrap_err().code(), libc::ESRCH);
+    }
+
+    #[test]
+    fn page_present_tells_a_written_page_from_an_untouched_one() {
+        // SAFETY: a private anonymous mapping of two pages, ours alone, unmapped at the end.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            ) as *mut u8;
+            assert_ne!(p as *mut libc::c_void, libc::MAP_FAILED);
+            p.write_volatile(1);
+            let me = libc::getpid();
+            assert_eq!(super::page_present(me, p as usize), Some(true));
+            assert_eq!(super::page_present(me, p as usize + 4096), Some(false));
+            assert_eq!(super::page_present(-1, p as usize), None);
+            libc::munmap(p.cast(), 8192);
+        }
+    }
 }
