@@ -17,12 +17,12 @@ fn a_child_reading_the_whole_heap_stays_within_its_share() {
     let pages = r.len() / PAGE;
     fill_all(&r, 7);
     assert!(r.stats().evictions as usize > pages / 2);
-    // SAFETY: the child only touches memory, reads a /proc file and calls _exit (no allocation,
-    // no locks).
+    let mut present = vec![0u8; pages];
+    // SAFETY: the child only touches memory and calls _exit (no allocation, no locks).
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);
     if pid == 0 {
-        let code = child_reads_and_writes(&r, pages, budget as usize);
+        let code = child_reads_and_writes(&r, pages, budget as usize, &mut present);
         // SAFETY: leaving the child without running the parent's destructors.
         unsafe { libc::_exit(code) };
     }
@@ -40,11 +40,16 @@ fn a_child_reading_the_whole_heap_stays_within_its_share() {
     assert!(st.child_evictions as usize > pages, "{st:?}");
 }
 
-/// In the child: read everything (the parent's data at the fork), measuring the anonymous
-/// memory this costs; then write half of the pages and read all again. Exit codes name the
+/// In the child: read everything (the parent's data at the fork), measuring the region pages
+/// this leaves present; then write half of the pages and read all again. Exit codes name the
 /// failure (no allocation here: the parent's allocator locks may be held).
-fn child_reads_and_writes(r: &zmem_region::Region, pages: usize, budget: usize) -> i32 {
-    let Some(before) = rss_anon() else {
+fn child_reads_and_writes(
+    r: &zmem_region::Region,
+    pages: usize,
+    budget: usize,
+    present: &mut [u8],
+) -> i32 {
+    let Some(before) = present_bytes(r, present) else {
         return 20;
     };
     for i in 0..pages {
@@ -52,7 +57,7 @@ fn child_reads_and_writes(r: &zmem_region::Region, pages: usize, budget: usize) 
             return 10;
         }
     }
-    let Some(after) = rss_anon() else {
+    let Some(after) = present_bytes(r, present) else {
         return 20;
     };
     // Without eviction in the child it grows by the whole evicted heap (~30 MiB); its share is

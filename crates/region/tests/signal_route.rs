@@ -181,11 +181,13 @@ fn forked_children_and_grandchildren_are_served_by_the_creator() {
     };
     let pages = r.len() / PAGE;
     fill_all(&r, 1);
-    // SAFETY: fork in a test; the child touches memory, reads /proc, forks and calls _exit.
+    // The child counts its present region pages into this (made here: it allocates nothing).
+    let mut present = vec![0u8; pages];
+    // SAFETY: fork in a test; the child touches memory, forks and calls _exit.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
     if pid == 0 {
-        let code = child_and_grandchild(&r, pages, budget as usize);
+        let code = child_and_grandchild(&r, pages, budget as usize, &mut present);
         // SAFETY: ends the child without running the parent's destructors.
         unsafe { libc::_exit(code) };
     }
@@ -214,9 +216,9 @@ fn forked_children_and_grandchildren_are_served_by_the_creator() {
     );
 }
 
-fn child_and_grandchild(r: &Region, pages: usize, budget: usize) -> i32 {
+fn child_and_grandchild(r: &Region, pages: usize, budget: usize, present: &mut [u8]) -> i32 {
     let before = PROGRAM_SIGBUS.load(SeqCst);
-    let Some(rss0) = rss_anon() else {
+    let Some(rss0) = present_bytes(r, present) else {
         return 30;
     };
     for idx in 0..pages {
@@ -224,7 +226,7 @@ fn child_and_grandchild(r: &Region, pages: usize, budget: usize) -> i32 {
             return 10;
         }
     }
-    let Some(rss1) = rss_anon() else {
+    let Some(rss1) = present_bytes(r, present) else {
         return 30;
     };
     // Past its share, the child's pages leave it (through its own thread): it does not grow

@@ -123,26 +123,14 @@ pub fn wait_for_child(pid: libc::pid_t) {
     assert_eq!(libc::WEXITSTATUS(status), 0, "child saw wrong data");
 }
 
-/// RssAnon of this process in bytes, read without allocating.
-pub fn rss_anon() -> Option<usize> {
-    let mut buf = [0u8; 4096];
-    // SAFETY: a NUL-terminated path; reading into a local array; closing what we opened.
-    let n = unsafe {
-        let fd = libc::open(c"/proc/self/status".as_ptr(), libc::O_RDONLY);
-        if fd < 0 {
-            return None;
-        }
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        n
-    };
-    let text = buf.get(..usize::try_from(n).ok()?)?;
-    let key = b"RssAnon:";
-    let at = text.windows(key.len()).position(|w| w == key)? + key.len();
-    let kib = text[at..]
-        .iter()
-        .skip_while(|b| b.is_ascii_whitespace())
-        .take_while(|b| b.is_ascii_digit())
-        .fold(0usize, |n, &d| n * 10 + usize::from(d - b'0'));
-    Some(kib * 1024)
+/// Bytes of region `r` present in this process's memory (mincore into `present`, one byte per
+/// page, made by the caller: a forked child allocates nothing). Not RssAnon: another test of
+/// the same binary that drops its region hands each forked child every page of its own that
+/// only it held, which RssAnon would count.
+pub fn present_bytes(r: &Region, present: &mut [u8]) -> Option<usize> {
+    let pages = r.len() / PAGE;
+    let present = present.get_mut(..pages)?;
+    // SAFETY: the region's range, and one byte per page of it in `present`.
+    let rc = unsafe { libc::mincore(r.as_ptr().cast(), pages * PAGE, present.as_mut_ptr()) };
+    (rc == 0).then(|| present.iter().filter(|&&b| b & 1 != 0).count() * PAGE)
 }
