@@ -599,8 +599,13 @@ fn discard_forgets_evicted_pages_at_once() {
     );
     r.discard(0, half).unwrap();
     let after = r.stats();
+    // The half's pages that were resident (up to the budget: the check above ends on the
+    // first pages) were not in the store to begin with, and the evictor may store a batch of
+    // the other half meanwhile (64 pages; CI saw 9 such pages take the store 100 KB over a
+    // slack of the budget alone).
+    let slack = MIB + 64 * PAGE as u64;
     assert!(
-        after.store.orig_data_size <= before.store.orig_data_size - half as u64 + MIB,
+        after.store.orig_data_size <= before.store.orig_data_size - half as u64 + slack,
         "the store still holds the dropped half: {:?} -> {:?}",
         before.store,
         after.store
