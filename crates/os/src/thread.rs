@@ -87,6 +87,28 @@ where
     })
 }
 
+/// Every signal but the synchronous ones (a fault or a trap: SIGBUS, SIGSEGV, SIGSYS, SIGILL,
+/// SIGFPE, SIGTRAP), which must stay open where they are blocked: the kernel kills instead of
+/// delivering them.
+pub fn asynchronous_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data, filled and edited in place.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sync in [
+            libc::SIGBUS,
+            libc::SIGSYS,
+            libc::SIGSEGV,
+            libc::SIGILL,
+            libc::SIGFPE,
+            libc::SIGTRAP,
+        ] {
+            libc::sigdelset(&mut set, sync);
+        }
+        set
+    }
+}
+
 /// Blocks the asynchronous signals on the calling thread until dropped (the mask before is
 /// restored). zmem's threads keep them blocked for life: the kernel hands a signal sent to the
 /// process (a timer's SIGALRM, SIGCHLD, a kill) to any thread that does not block it, and the
@@ -101,19 +123,8 @@ impl AsyncSignalsBlocked {
         // SAFETY: sigset_t is plain data; the set and the old mask live on this stack, and the
         // raw rt_sigprocmask (past any interposed sigprocmask) reads and writes 8 bytes of each.
         unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
+            let set = asynchronous_signals();
             let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut set);
-            for sync in [
-                libc::SIGBUS,
-                libc::SIGSYS,
-                libc::SIGSEGV,
-                libc::SIGILL,
-                libc::SIGFPE,
-                libc::SIGTRAP,
-            ] {
-                libc::sigdelset(&mut set, sync);
-            }
             libc::syscall(
                 libc::SYS_rt_sigprocmask,
                 libc::SIG_BLOCK,

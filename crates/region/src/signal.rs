@@ -134,17 +134,7 @@ fn install() -> Result<(), RegionError> {
             // serve a second fault on this thread while the first holds its locks and buffer
             // (found as a panic, "already borrowed", in bash forking pipelines). The
             // synchronous ones stay open: blocked, the kernel would kill rather than deliver.
-            libc::sigfillset(&mut new.sa_mask);
-            for sync in [
-                libc::SIGBUS,
-                libc::SIGSYS,
-                libc::SIGSEGV,
-                libc::SIGILL,
-                libc::SIGFPE,
-                libc::SIGTRAP,
-            ] {
-                libc::sigdelset(&mut new.sa_mask, sync);
-            }
+            new.sa_mask = zmem_os::thread::asynchronous_signals();
             if libc::sigaction(libc::SIGBUS, &new, &mut old) != 0 {
                 failed = Some(std::io::Error::last_os_error());
                 return;
