@@ -1943,7 +1943,9 @@ fn value_generator_is_distinct_and_sized() {
 /// and a request larger than any arena fails with ENOMEM, silently unless the program's
 /// environment asks mimalloc to show errors. mimalloc fills its page
 /// map's submaps under a lock that fork does not take: with those submaps in the map space a
-/// fault there during a fork left the lock held in the child, which hung (2 of 4 runs).
+/// fault there during a fork left the lock held in the child, which hung (2 of 4 runs); later
+/// the lock held over the submap's `mmap` while the kernel forked did the same (CI, once; see
+/// `forks_while_the_heap_reaches_new_ranges`).
 #[test]
 fn the_heap_grows_past_its_first_arena() {
     if !ready() {
@@ -1981,5 +1983,32 @@ fn the_heap_grows_past_its_first_arena() {
             // Like glibc's malloc, a failing allocation prints nothing on the program's stderr.
             assert!(said.is_empty(), "{tag}: {said:?}");
         }
+    }
+}
+
+/// A fork while other threads reach new 512 MiB ranges of the heap (tests/c/fork_grow.c):
+/// mimalloc fills each range's page-map submap under a lock no fork hook takes, so a child
+/// forked while a thread held it hung at its own first allocation in a new range (CI; 4 of 30
+/// runs of this program with two busy CPUs). The preload makes an arena's submaps before
+/// mimalloc owns it (`heap::make_page_map_submaps`); 0 of 50 runs hang since.
+#[test]
+fn forks_while_the_heap_reaches_new_ranges() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("fork_grow", dir.path(), &[]);
+    for round in 0..5 {
+        let mut cmd = zmem_cmd(&["run", "--resident", "16M", "--size", "64G", "--quiet", "--"]);
+        cmd.arg(&prog).arg("40");
+        let tag = format!("fork_grow, round {round}");
+        let out = run_to_end(cmd, dir.path(), &tag, Duration::from_secs(60));
+        assert_eq!(
+            (out.code, out.stdout.trim()),
+            (Some(0), "ok"),
+            "{tag}: {}",
+            tail(&out.stderr)
+        );
     }
 }

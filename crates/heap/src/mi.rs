@@ -75,3 +75,18 @@ extern "C" {
     pub fn mi_option_get(option: c_int) -> c_long;
     pub fn mi_version() -> c_int;
 }
+
+/// The address span one submap of mimalloc 3's two-level page map covers: 2^13 entries of
+/// 64 KiB slices (`MI_PAGE_MAP_SUB_SHIFT` + `MI_ARENA_SLICE_SHIFT` in mimalloc's headers).
+pub const PAGE_MAP_SUBMAP_SPAN: usize = 512 << 20;
+/// The mimalloc version whose page map [`PAGE_MAP_SUBMAP_SPAN`] and
+/// [`_mi_page_map_unregister_range`] describe (`MI_MALLOC_VERSION`).
+pub const PAGE_MAP_VERSION: c_int = 30302;
+
+extern "C" {
+    /// mimalloc-internal (declared in its mimalloc/internal.h; linked from the same static
+    /// library): clears the page map entries of `[start, start + size)`, first making every
+    /// submap of the range, each under mimalloc's `mi_page_map_lock`. Only for memory no arena
+    /// owns yet: it would unregister live pages.
+    pub fn _mi_page_map_unregister_range(start: *mut c_void, size: usize);
+}

@@ -457,6 +457,7 @@ unsafe fn add_next_arena() -> Result<bool, String> {
         return Ok(false);
     }
     let n = arena_len(at, end);
+    make_page_map_submaps(at, n);
     SETUP_BASE.store(at, Release);
     let mut id: mi::mi_arena_id_t = null_mut();
     let ok = mi::mi_manage_memory(
@@ -484,6 +485,35 @@ unsafe fn add_next_arena() -> Result<bool, String> {
     let next_at = if at + n < end { at + n / 2 } else { usize::MAX };
     GROW_AT.store(next_at, Relaxed);
     Ok(true)
+}
+
+/// Makes mimalloc's page-map submaps for the arena `[at, at + len)` before mimalloc owns it, so
+/// that no allocation in it ever takes `mi_page_map_lock`, which no fork hook takes: a thread
+/// that took it to map a new submap while another thread forked (its `mmap` waits while fork
+/// holds the address space) left it held in the child, which hung at its first allocation in a
+/// new 512 MiB range (CI, tests/c/heap_grow.c; 2 of ~30 runs here with two busy CPUs). Here
+/// the lock is taken under [`GROWING`], which the forking thread holds. Costs one 64 KiB
+/// kernel mapping and one written 4 KiB page per 512 MiB of arena (28 for a 14 GiB arena).
+/// Skipped, with a debug line, under a mimalloc whose page map may differ.
+fn make_page_map_submaps(at: usize, len: usize) {
+    // SAFETY: reads a constant.
+    let version = unsafe { mi::mi_version() };
+    if version != mi::PAGE_MAP_VERSION {
+        tracing::debug!(
+            version,
+            "mimalloc's page map is not known: its submaps come lazily"
+        );
+        return;
+    }
+    let span = mi::PAGE_MAP_SUBMAP_SPAN;
+    let mut p = at;
+    while p < at + len {
+        // The submap's memory comes from the kernel, as in any call into mimalloc.
+        // SAFETY: no arena owns [p, p + SLICE) yet; clearing its entries is a no-op but for
+        // making the submap that covers it.
+        inside_mimalloc(|| unsafe { mi::_mi_page_map_unregister_range(p as *mut c_void, SLICE) });
+        p = (p / span + 1) * span;
+    }
 }
 
 /// Adds the next arena if the heap asked for one (its newest arena is half used) or if
