@@ -1126,6 +1126,51 @@ fn system_calls_into_the_evicted_heap_on_the_signal_route() {
     }
 }
 
+/// Code running on stacks in the evicted heap, on the signal route (tests/c/heap_stacks.c):
+/// coroutines on malloc'd stacks (on the main thread and on a pthread), a child cloned onto a
+/// malloc'd stack, each stack evicted before it runs again; the kernel cannot write a SIGBUS
+/// frame on an evicted stack page, so these died with SIGSEGV before zmem gave every thread an
+/// alternate signal stack. And a program's own small alternate stack: reported as set, its
+/// SA_ONSTACK handler runs on an alternate stack, and no fault is served on it.
+#[test]
+fn code_on_heap_stacks_on_the_signal_route() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("heap_stacks", dir.path(), &[]);
+    for (mode, what) in [
+        ("0", "coroutines"),
+        ("1", "clone"),
+        ("2", "own stack"),
+        ("3", "thread"),
+    ] {
+        let mut cmd = zmem_cmd(&[
+            "run",
+            "--quiet",
+            "--resident",
+            "4M",
+            "--fault-route",
+            "signal",
+            "--",
+        ]);
+        cmd.arg(&prog).arg(mode);
+        let out = run_to_end(
+            cmd,
+            dir.path(),
+            &format!("heap-stacks-{mode}"),
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            (out.code, out.stdout.trim()),
+            (Some(0), format!("{what}: ok").as_str()),
+            "{what}: {}",
+            tail(&out.stderr)
+        );
+    }
+}
+
 /// A timer's signal handler that reads the evicted heap every 50 µs while the main thread
 /// faults on it too (tests/c/guarded_calls.c mode 7), on both fault routes. The kernel hands a
 /// process's signal to any thread that does not block it: run on zmem's threads, the handler

@@ -12,7 +12,11 @@
 //!   they are blocked ends the process).
 //! - `sigaction`, `signal` for SIGBUS or SIGSYS: the program's handler is kept behind zmem's
 //!   and runs for the signals that are not zmem's.
-//! - `sigaltstack`: an alternate stack in the heap stays in DRAM while it is installed.
+//! - `sigaltstack`: every thread `pthread_create` makes gets zmem's alternate signal stack
+//!   (`guard::give_thread_signal_stack`; SIGBUS and SIGSYS are handled on it, so a stack in the
+//!   region needs no signal frame); a stack the program sets there is recorded and reported
+//!   as the thread's, and installed only if it is larger than zmem's. Elsewhere an alternate
+//!   stack in the heap stays in DRAM while it is installed.
 //! - The exec wrappers (`ends.rs`) and `posix_spawn[p]` bring back the strings they pass.
 
 use std::ffi::{c_char, c_int, c_void};
@@ -202,6 +206,14 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
 /// C's sigaltstack.
 #[no_mangle]
 pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::stack_t) -> c_int {
+    // A thread with zmem's alternate stack keeps it; the program's is recorded.
+    if let Some(r) = guard::program_sigaltstack(ss.as_ref(), old.as_mut()) {
+        if r < 0 {
+            crate::set_errno(-r as c_int);
+            return -1;
+        }
+        return 0;
+    }
     let r = {
         static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
         let f = next(&F, c"sigaltstack");
@@ -327,6 +339,8 @@ pub unsafe extern "C" fn pthread_create(
         *mut c_void,
     ) -> c_int;
     let create = std::mem::transmute::<*mut c_void, Create>(f);
+    // zmem's own threads (made from zmem code) never fault on the region: no alternate stack.
+    let program_thread = !crate::heap::is_internal();
     zmem_os::thread::as_zmem(|| {
         if !guard::active() {
             return create(thread, attr, start, arg);
@@ -335,9 +349,17 @@ pub unsafe extern "C" fn pthread_create(
         // set its locale, so in the region) in glibc's start_thread, before it unblocks the
         // signals glibc blocked for the start: a fault there would end the process. That data
         // stays in DRAM until the thread runs its start routine, where signals are unblocked.
+        if !attr.is_null() {
+            say_if_stack_in_region(attr);
+        }
         let ctype = ctype_data();
         let held = guard::keep_in_memory(ctype, ctype + 2 * zmem_region::PAGE);
-        let started = Box::into_raw(Box::new(Started { start, arg, held }));
+        let started = Box::into_raw(Box::new(Started {
+            start,
+            arg,
+            held,
+            program_thread,
+        }));
         let rc = create(thread, attr, run_started, started.cast());
         if rc != 0 {
             drop(Box::from_raw(started));
@@ -346,16 +368,47 @@ pub unsafe extern "C" fn pthread_create(
     })
 }
 
+/// A thread made on a stack of the program's in the region (`pthread_attr_setstack` with
+/// malloc'd memory) keeps its thread block and static thread-locals at the top of that stack,
+/// where the kernel writes at the thread's exit (the tid that `pthread_join` waits on) and
+/// zmem's fault handler reads: neither can wait for an evicted page on the signal route. Not
+/// supported there: said once, on stderr.
+unsafe fn say_if_stack_in_region(attr: *const libc::pthread_attr_t) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let (mut addr, mut size) = (null_mut::<c_void>(), 0usize);
+    if libc::pthread_attr_getstack(attr, &mut addr, &mut size) != 0
+        || addr.is_null()
+        || !guard::guarded(addr as usize)
+        || SAID.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        return;
+    }
+    let msg = b"zmem: a thread is made on a stack in the program's heap (pthread_attr_setstack): \
+not supported on the signal route (an evicted page there can end or hang the program); run \
+with --fault-route handler\n";
+    libc::write(2, msg.as_ptr().cast(), msg.len());
+}
+
 /// A thread's start routine and argument, and what is kept in DRAM until it starts.
 struct Started {
     start: extern "C" fn(*mut c_void) -> *mut c_void,
     arg: *mut c_void,
     held: guard::Held,
+    /// Made by the program (not by zmem): it gets zmem's alternate signal stack.
+    program_thread: bool,
 }
 
 extern "C" fn run_started(p: *mut c_void) -> *mut c_void {
     // SAFETY: made by Box::into_raw in pthread_create for this thread alone.
-    let Started { start, arg, held } = *unsafe { Box::from_raw(p.cast::<Started>()) };
+    let Started {
+        start,
+        arg,
+        held,
+        program_thread,
+    } = *unsafe { Box::from_raw(p.cast::<Started>()) };
+    if program_thread {
+        guard::give_thread_signal_stack();
+    }
     drop(held);
     start(arg)
 }

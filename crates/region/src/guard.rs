@@ -80,7 +80,7 @@ pub fn active() -> bool {
 }
 
 /// Whether `addr` is in the guarded range.
-fn guarded(addr: usize) -> bool {
+pub fn guarded(addr: usize) -> bool {
     addr >= START.load(Relaxed) && addr < END.load(Relaxed)
 }
 
@@ -170,7 +170,9 @@ fn install_once(start: usize, len: usize) -> Result<(), RegionError> {
         let mut old: libc::sigaction = std::mem::zeroed();
         new.sa_sigaction = on_sigsys as *const () as usize;
         // SA_NODEFER: a program handler that runs inside ours may make a trapped call too.
-        new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+        // SA_ONSTACK: on zmem's alternate stack (`give_thread_signal_stack`), so that a call
+        // made on a stack in the region does not need a frame there.
+        new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_ONSTACK;
         libc::sigemptyset(&mut new.sa_mask);
         if libc::sigaction(libc::SIGSYS, &new, &mut old) != 0 {
             return Err(crate::error::os("sigaction(SIGSYS)"));
@@ -190,8 +192,10 @@ fn install_once(start: usize, len: usize) -> Result<(), RegionError> {
             };
         }
     }
+    crate::signal::handle_on_alternate_stacks()?;
     START.store(start, Release);
     END.store(start + len, Release);
+    give_thread_signal_stack();
     let filter = build_filter(start, start + len);
     // Without CAP_SYS_ADMIN the kernel takes a filter only from a process that gave up gaining
     // privileges (no set-user-ID execs from now on, in this process and its children).
@@ -848,9 +852,20 @@ fn sigaction(a: [u64; 6]) -> i64 {
     0
 }
 
-/// sigaltstack(ss, old): an alternate stack in the region is pinned while it is the
-/// thread's (the kernel writes signal frames there, from kernel mode).
+/// sigaltstack(ss, old): on a thread with zmem's alternate stack, the program's is recorded
+/// (`program_sigaltstack`); elsewhere an alternate stack in the region is pinned while it is
+/// the thread's (the kernel writes signal frames there, from kernel mode).
 fn sigaltstack(a: [u64; 6]) -> i64 {
+    let ss = read_user::<libc::stack_t>(a[0] as usize);
+    // SAFETY: stack_t is plain data; all zeros is a valid value.
+    let mut old: libc::stack_t = unsafe { std::mem::zeroed() };
+    if let Some(r) = program_sigaltstack(ss.as_ref(), (a[1] != 0).then_some(&mut old)) {
+        if r == 0 && a[1] != 0 {
+            // SAFETY: the program passed a pointer to a stack_t for the old one.
+            unsafe { std::ptr::write_unaligned(a[1] as *mut libc::stack_t, old) };
+        }
+        return r;
+    }
     let r = guarded_call(
         libc::SYS_sigaltstack,
         a,
@@ -910,6 +925,235 @@ pub fn alternate_stack(sp: usize, size: usize, disabled: bool) {
             touch(s, e);
         }
     }
+}
+
+// ---------------------------------------------------------------- alternate signal stacks
+
+/// Bytes of zmem's alternate signal stack per program thread (a guard page below it). Only
+/// touched pages take DRAM: serving faults that evict (compression included) touched 8 KiB of
+/// it in a release build, 28 KiB in a debug build (64 MiB read and written three times at
+/// `--resident 8M`, /proc/PID/smaps).
+pub const SIGNAL_STACK: usize = 128 << 10;
+
+/// A program's alternate stack at least this large is installed as it asks (zmem's handlers
+/// fit on it); a smaller one (Rust's threads set ~12 KiB for their stack-overflow handler) is
+/// only recorded, and the program's handlers run on zmem's.
+pub const PROGRAM_STACK_MIN: usize = 64 << 10;
+
+/// A thread's alternate signal stack as zmem keeps it: its own (mapped by the kernel, outside
+/// the region), and the one the program asked for, which the program sees.
+struct SignalStack {
+    /// Start of zmem's mapping (its guard page), 0: none yet.
+    map: std::cell::Cell<usize>,
+    /// Whether zmem's stack is the thread's (false while a larger one of the program's is).
+    ours_installed: std::cell::Cell<bool>,
+    /// The program's alternate stack: (sp, size), or None (SS_DISABLE).
+    program: std::cell::Cell<Option<(usize, usize)>>,
+}
+
+impl Drop for SignalStack {
+    fn drop(&mut self) {
+        let map = self.map.get();
+        if map == 0 {
+            return;
+        }
+        if self.ours_installed.get() {
+            // The thread is ending (its thread-locals' destructors run on its own stack).
+            set_alternate_stack(0, 0, libc::SS_DISABLE);
+        }
+        raw(
+            libc::SYS_munmap,
+            [map as u64, (SIGNAL_STACK + PAGE) as u64, 0, 0, 0, 0],
+        );
+    }
+}
+
+thread_local! {
+    static SIGNAL_STACK_OF_THREAD: SignalStack = const {
+        SignalStack {
+            map: std::cell::Cell::new(0),
+            ours_installed: std::cell::Cell::new(false),
+            program: std::cell::Cell::new(None),
+        }
+    };
+}
+
+/// Gives the calling thread zmem's alternate signal stack, on which SIGBUS (a fault) and
+/// SIGSYS (a trapped call) are handled while the guard is on: a thread running on a stack in
+/// the region (a coroutine's or a cloned child's malloc'd stack) then takes a fault even when
+/// the page below its stack pointer is evicted, where the kernel could not write the signal
+/// frame on that stack (SIGSEGV). Called for the thread that installs the guard and, by the
+/// preload library, at the start of every thread `pthread_create` makes (a new thread has no
+/// alternate stack; a forked child keeps its parent thread's). An alternate stack the program
+/// sets afterwards is recorded instead (`program_sigaltstack`). Without the guard: nothing.
+pub fn give_thread_signal_stack() {
+    if !active() {
+        return;
+    }
+    let _ = SIGNAL_STACK_OF_THREAD.try_with(|st| {
+        if st.map.get() != 0 {
+            return;
+        }
+        // The kernel's own memory, past the preload's mmap (never the map space).
+        let map = raw(
+            libc::SYS_mmap,
+            [
+                0,
+                (SIGNAL_STACK + PAGE) as u64,
+                libc::PROT_NONE as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE) as u64,
+                u64::MAX,
+                0,
+            ],
+        );
+        if map < 0 {
+            return;
+        }
+        let stack = map as usize + PAGE;
+        // SAFETY: stack_t is plain data; all zeros is a valid value.
+        let mut old: libc::stack_t = unsafe { std::mem::zeroed() };
+        let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        let fail = |map: i64| {
+            raw(
+                libc::SYS_munmap,
+                [map as u64, (SIGNAL_STACK + PAGE) as u64, 0, 0, 0, 0],
+            );
+        };
+        if raw(
+            libc::SYS_mprotect,
+            [stack as u64, SIGNAL_STACK as u64, prot, 0, 0, 0],
+        ) != 0
+            || raw(
+                libc::SYS_sigaltstack,
+                [0, &mut old as *mut _ as u64, 0, 0, 0, 0],
+            ) != 0
+        {
+            fail(map);
+            return;
+        }
+        // One the program set before (on the thread that installs the guard) stays the
+        // program's, and stays installed if it is large enough.
+        let program = (old.ss_flags & libc::SS_DISABLE == 0 && old.ss_size > 0)
+            .then_some((old.ss_sp as usize, old.ss_size));
+        let keep = program.is_some_and(|(_, n)| n >= PROGRAM_STACK_MIN);
+        if !keep && set_alternate_stack(stack, SIGNAL_STACK, 0) != 0 {
+            fail(map);
+            return;
+        }
+        st.map.set(map as usize);
+        st.ours_installed.set(!keep);
+        st.program.set(program);
+    });
+}
+
+/// Makes `[sp, sp + size)` the calling thread's alternate signal stack (`flags`: 0 or
+/// SS_DISABLE) with a system call of zmem's (never trapped, never the preload's wrapper).
+fn set_alternate_stack(sp: usize, size: usize, flags: i32) -> i64 {
+    let ss = libc::stack_t {
+        ss_sp: sp as *mut libc::c_void,
+        ss_flags: flags,
+        ss_size: size,
+    };
+    raw(
+        libc::SYS_sigaltstack,
+        [&ss as *const _ as u64, 0, 0, 0, 0, 0],
+    )
+}
+
+/// The program's `sigaltstack(ss, old)` on a thread with zmem's alternate stack: `ss` is
+/// recorded as the program's, and `old` gets the program's previous one (with SS_ONSTACK
+/// while the thread runs on the alternate stack), as if it were the thread's; zmem's stays
+/// installed, unless the program's has [`PROGRAM_STACK_MIN`] bytes or more (then the program's
+/// is installed, pinned if in the region, and zmem's comes back when the program disables
+/// it). Returns the call's result
+/// (`-errno` on failure), or None on a thread without zmem's stack (the caller makes the call).
+pub fn program_sigaltstack(
+    ss: Option<&libc::stack_t>,
+    old: Option<&mut libc::stack_t>,
+) -> Option<i64> {
+    if !active() {
+        return None;
+    }
+    SIGNAL_STACK_OF_THREAD
+        .try_with(|st| {
+            let map = st.map.get();
+            if map == 0 {
+                return None;
+            }
+            // Where this thread's signals run now: on an alternate stack if the stack pointer
+            // is in the installed one.
+            let sp: usize;
+            // SAFETY: reads the stack pointer.
+            unsafe { std::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack)) };
+            let installed = if st.ours_installed.get() {
+                Some((map + PAGE, SIGNAL_STACK))
+            } else {
+                st.program.get()
+            };
+            let on_stack = installed.is_some_and(|(s, n)| sp >= s && sp < s + n);
+            if let Some(old) = old {
+                let (sp0, size, flags) = match st.program.get() {
+                    Some((s, n)) => (s, n, 0),
+                    None => (0, 0, libc::SS_DISABLE),
+                };
+                *old = libc::stack_t {
+                    ss_sp: sp0 as *mut libc::c_void,
+                    ss_flags: flags | if on_stack { libc::SS_ONSTACK } else { 0 },
+                    ss_size: size,
+                };
+            }
+            let Some(ss) = ss else {
+                return Some(0);
+            };
+            // The kernel's checks, in its order.
+            if on_stack {
+                return Some(-(libc::EPERM as i64));
+            }
+            /// SS_AUTODISARM (linux/signal.h): taken and ignored, zmem's stack is never disarmed.
+            const SS_AUTODISARM: i32 = 1 << 31;
+            let flags = ss.ss_flags & !SS_AUTODISARM;
+            if flags != 0 && flags != libc::SS_DISABLE && flags != libc::SS_ONSTACK {
+                return Some(-(libc::EINVAL as i64));
+            }
+            if flags == libc::SS_DISABLE {
+                if !st.ours_installed.get() {
+                    let r = set_alternate_stack(map + PAGE, SIGNAL_STACK, 0);
+                    if r != 0 {
+                        return Some(r);
+                    }
+                    st.ours_installed.set(true);
+                }
+                st.program.set(None);
+                alternate_stack(0, 0, true);
+                return Some(0);
+            }
+            if ss.ss_size < libc::MINSIGSTKSZ {
+                return Some(-(libc::ENOMEM as i64));
+            }
+            let (s, n) = (ss.ss_sp as usize, ss.ss_size);
+            if n >= PROGRAM_STACK_MIN {
+                // Brought back and pinned first: a fault while it is installed has its frame
+                // written there.
+                alternate_stack(s, n, false);
+                let r = set_alternate_stack(s, n, 0);
+                if r != 0 {
+                    alternate_stack(0, 0, true);
+                    return Some(r);
+                }
+                st.ours_installed.set(false);
+            } else if !st.ours_installed.get() {
+                let r = set_alternate_stack(map + PAGE, SIGNAL_STACK, 0);
+                if r != 0 {
+                    return Some(r);
+                }
+                st.ours_installed.set(true);
+                alternate_stack(0, 0, true);
+            }
+            st.program.set(Some((s, n)));
+            Some(0)
+        })
+        .ok()
+        .flatten()
 }
 
 /// For the preload's exec and posix_spawn wrappers: runs `f` (the C library's call) with the

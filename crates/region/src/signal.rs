@@ -13,7 +13,11 @@
 //! - a forked child's faults (a raw fork's too) are served by the creator over a link, a round
 //!   trip per fault (`forked`);
 //! - a thread whose stack is in the region dies with SIGSEGV when a page of its stack is
-//!   missing: the kernel cannot write the signal frame there;
+//!   missing (the kernel cannot write the signal frame there), unless it has zmem's alternate
+//!   signal stack: the syscall guard gives one to every thread `pthread_create` makes
+//!   (`guard::give_thread_signal_stack`); a thread made with a stack of the program's in the
+//!   region (`pthread_attr_setstack`) keeps its thread block there, which the kernel and the
+//!   handler use: not supported;
 //! - a program that replaces the SIGBUS handler afterwards takes the faults away from it.
 //!
 //! The handler route keeps serving everything else: the region's events (remove, unmap,
@@ -126,8 +130,10 @@ fn install() -> Result<(), RegionError> {
             let mut old: libc::sigaction = std::mem::zeroed();
             new.sa_sigaction = on_sigbus as *const () as usize;
             // SA_NODEFER: a fault inside the handler (another page of a region) is served too,
-            // where a blocked synchronous SIGBUS would kill the process. No SA_ONSTACK: serving
-            // may compress (eviction), more stack than an alternate stack usually has.
+            // where a blocked synchronous SIGBUS would kill the process. No SA_ONSTACK here:
+            // serving may compress (eviction), more stack than a program's alternate stack
+            // usually has; the syscall guard adds it with stacks of zmem's own
+            // (`handle_on_alternate_stacks`).
             new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
             // Every asynchronous signal waits while a fault is served: a program's handler
             // (bash's SIGCHLD) that ran in the middle of it and touched an evicted page would
@@ -365,6 +371,34 @@ pub(crate) fn call_handler(
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
         f(sig);
     }
+}
+
+/// Moves the SIGBUS handler onto the threads' alternate stacks (SA_ONSTACK): the syscall guard
+/// gives each program thread one of zmem's (`guard::give_thread_signal_stack`). Not done
+/// without the guard: a program's own alternate stack may be too small to serve a fault on.
+pub(crate) fn handle_on_alternate_stacks() -> Result<(), RegionError> {
+    if PREVIOUS.get().is_none() {
+        return Err(RegionError::Config(
+            "the syscall guard needs the signal route's SIGBUS handler first".into(),
+        ));
+    }
+    // SAFETY: reads the current disposition and installs the same one with SA_ONSTACK.
+    unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) != 0 {
+            return Err(crate::error::os("sigaction(SIGBUS)"));
+        }
+        if cur.sa_sigaction != on_sigbus as *const () as usize {
+            return Err(RegionError::Config(
+                "the signal route's SIGBUS handler was replaced before the guard".into(),
+            ));
+        }
+        cur.sa_flags |= libc::SA_ONSTACK;
+        if libc::sigaction(libc::SIGBUS, &cur, std::ptr::null_mut()) != 0 {
+            return Err(crate::error::os("sigaction(SIGBUS, SA_ONSTACK)"));
+        }
+    }
+    Ok(())
 }
 
 /// The SIGBUS disposition found when the handler was installed (the guard starts its record of
