@@ -74,6 +74,9 @@ extern "C" {
     pub fn mi_option_set(option: c_int, value: c_long);
     pub fn mi_option_get(option: c_int) -> c_long;
     pub fn mi_version() -> c_int;
+    /// Initialises mimalloc for the process (its page map among others); once, later calls
+    /// return at once.
+    pub fn mi_process_init();
 }
 
 /// The address span one submap of mimalloc 3's two-level page map covers: 2^13 entries of

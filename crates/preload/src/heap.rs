@@ -505,6 +505,11 @@ fn make_page_map_submaps(at: usize, len: usize) {
         );
         return;
     }
+    // The page map is made at mimalloc's process start, which may not have run yet when the
+    // first arena is added (the signal route's region is set up before any program heap
+    // allocation): without it the call below returns having made nothing.
+    // SAFETY: no preconditions; idempotent.
+    unsafe { mi::mi_process_init() };
     let span = mi::PAGE_MAP_SUBMAP_SPAN;
     let mut p = at;
     while p < at + len {
