@@ -15,8 +15,8 @@
 //! - `sigaltstack`: every thread `pthread_create` makes gets zmem's alternate signal stack
 //!   (`guard::give_thread_signal_stack`; SIGBUS and SIGSYS are handled on it, so a stack in the
 //!   region needs no signal frame); a stack the program sets there is recorded and reported
-//!   as the thread's, and installed only if it is larger than zmem's. Elsewhere an alternate
-//!   stack in the heap stays in DRAM while it is installed.
+//!   as the thread's, and installed only if it has 64 KiB or more (`guard::PROGRAM_STACK_MIN`).
+//!   An alternate stack in the heap stays in DRAM while it is installed.
 //! - The exec wrappers (`ends.rs`) and `posix_spawn[p]` bring back the strings they pass.
 
 use std::ffi::{c_char, c_int, c_void};

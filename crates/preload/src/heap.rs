@@ -491,7 +491,8 @@ unsafe fn add_next_arena() -> Result<bool, String> {
 /// that no allocation in it ever takes `mi_page_map_lock`, which no fork hook takes: a thread
 /// that took it to map a new submap while another thread forked (its `mmap` waits while fork
 /// holds the address space) left it held in the child, which hung at its first allocation in a
-/// new 512 MiB range (CI, tests/c/heap_grow.c; 2 of ~30 runs here with two busy CPUs). Here
+/// new 512 MiB range (CI, tests/c/heap_grow.c; tests/c/fork_grow.c hung 4 of 30 runs with two
+/// busy CPUs). Here
 /// the lock is taken under [`GROWING`], which the forking thread holds. Costs one 64 KiB
 /// kernel mapping and one written 4 KiB page per 512 MiB of arena (28 for a 14 GiB arena).
 /// Skipped, with a debug line, under a mimalloc whose page map may differ.

@@ -1099,8 +1099,8 @@ fn set_alternate_stack(sp: usize, size: usize, flags: i32) -> i64 {
 /// while the thread runs on the alternate stack), as if it were the thread's; zmem's stays
 /// installed, unless the program's has [`PROGRAM_STACK_MIN`] bytes or more (then the program's
 /// is installed, pinned if in the region, and zmem's comes back when the program disables
-/// it). Returns the call's result
-/// (`-errno` on failure), or None on a thread without zmem's stack (the caller makes the call).
+/// it). Returns the call's result (`-errno` on failure), or None on a thread without zmem's
+/// stack (the caller makes the call).
 pub fn program_sigaltstack(
     ss: Option<&libc::stack_t>,
     old: Option<&mut libc::stack_t>,
