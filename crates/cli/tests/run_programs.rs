@@ -1070,6 +1070,20 @@ fn unusual_process_calls_keep_working() {
     }
 }
 
+/// `zmem run --quiet --resident 4M --fault-route signal --`: the signal-route test programs
+/// (tests/c/evicting.h) push their data out of a 4M budget.
+fn run_on_signal_route_at_4m() -> Command {
+    zmem_cmd(&[
+        "run",
+        "--quiet",
+        "--resident",
+        "4M",
+        "--fault-route",
+        "signal",
+        "--",
+    ])
+}
+
 /// The signal route (`--fault-route signal`): system calls whose buffers are in the evicted
 /// heap (files, pipes between threads with futexes in the heap, writev/readv and
 /// sendmsg/recvmsg, poll/epoll/getdents and a raw syscall(2), the program's own SIGBUS and
@@ -1095,15 +1109,7 @@ fn system_calls_into_the_evicted_heap_on_the_signal_route() {
         ("5", "execs"),
         ("6", "fork"),
     ] {
-        let mut cmd = zmem_cmd(&[
-            "run",
-            "--quiet",
-            "--resident",
-            "4M",
-            "--fault-route",
-            "signal",
-            "--",
-        ]);
+        let mut cmd = run_on_signal_route_at_4m();
         cmd.arg(&prog).arg(mode).arg(&stat);
         let out = run_to_end(
             cmd,
@@ -1146,15 +1152,7 @@ fn code_on_heap_stacks_on_the_signal_route() {
         ("2", "own stack"),
         ("3", "thread"),
     ] {
-        let mut cmd = zmem_cmd(&[
-            "run",
-            "--quiet",
-            "--resident",
-            "4M",
-            "--fault-route",
-            "signal",
-            "--",
-        ]);
+        let mut cmd = run_on_signal_route_at_4m();
         cmd.arg(&prog).arg(mode);
         let out = run_to_end(
             cmd,

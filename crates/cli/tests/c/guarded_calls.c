@@ -35,15 +35,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int bad;
-#define CHECK(c, ...) do { if (!(c)) { bad++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf(" (errno %d)\n", errno); } } while (0)
-
-static void evict(void) {
-    static unsigned char *junk;
-    size_t n = 24 << 20;
-    if (!junk) junk = malloc(n);
-    for (size_t i = 0; i < n; i += 4096) junk[i] = (unsigned char)(i >> 12);
-}
+#include "evicting.h"
 static unsigned char *pattern(size_t n, int s) {
     unsigned char *p = malloc(n);
     for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * s + i / 4096);

@@ -23,15 +23,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-static int bad;
-#define CHECK(c, ...) do { if (!(c)) { bad++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf(" (errno %d)\n", errno); } } while (0)
-
-static void evict(void) {
-    static unsigned char *junk;
-    size_t n = 24 << 20;
-    if (!junk) junk = malloc(n);
-    for (size_t i = 0; i < n; i += 4096) junk[i] = (unsigned char)(i >> 12);
-}
+#include "evicting.h"
 
 static unsigned char *heap;
 #define HEAP (8 << 20)
