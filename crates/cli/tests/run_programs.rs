@@ -1070,18 +1070,27 @@ fn unusual_process_calls_keep_working() {
     }
 }
 
-/// `zmem run --quiet --resident 4M --fault-route signal --`: the signal-route test programs
-/// (tests/c/evicting.h) push their data out of a 4M budget.
-fn run_on_signal_route_at_4m() -> Command {
-    zmem_cmd(&[
+/// Runs `prog ARGS` to its end under `zmem run --quiet --resident 4M --fault-route ROUTE`: the
+/// test programs of tests/c/evicting.h push their data out of a 4M budget.
+fn run_at_4m(
+    route: &str,
+    prog: &Path,
+    args: &[&std::ffi::OsStr],
+    dir: &Path,
+    tag: &str,
+    timeout: Duration,
+) -> Finished {
+    let mut cmd = zmem_cmd(&[
         "run",
         "--quiet",
         "--resident",
         "4M",
         "--fault-route",
-        "signal",
+        route,
         "--",
-    ])
+    ]);
+    cmd.arg(prog).args(args);
+    run_to_end(cmd, dir, tag, timeout)
 }
 
 /// The signal route (`--fault-route signal`): system calls whose buffers are in the evicted
@@ -1109,10 +1118,10 @@ fn system_calls_into_the_evicted_heap_on_the_signal_route() {
         ("5", "execs"),
         ("6", "fork"),
     ] {
-        let mut cmd = run_on_signal_route_at_4m();
-        cmd.arg(&prog).arg(mode).arg(&stat);
-        let out = run_to_end(
-            cmd,
+        let out = run_at_4m(
+            "signal",
+            &prog,
+            &[mode.as_ref(), stat.as_os_str()],
             dir.path(),
             &format!("guarded-{mode}"),
             Duration::from_secs(120),
@@ -1152,10 +1161,10 @@ fn code_on_heap_stacks_on_the_signal_route() {
         ("2", "own stack"),
         ("3", "thread"),
     ] {
-        let mut cmd = run_on_signal_route_at_4m();
-        cmd.arg(&prog).arg(mode);
-        let out = run_to_end(
-            cmd,
+        let out = run_at_4m(
+            "signal",
+            &prog,
+            &[mode.as_ref()],
             dir.path(),
             &format!("heap-stacks-{mode}"),
             Duration::from_secs(60),
@@ -1184,18 +1193,10 @@ fn signal_handlers_that_fault_on_the_heap_meanwhile() {
     let dir = tmpdir();
     let prog = compile("guarded_calls", dir.path(), &[]);
     for route in ["handler", "signal"] {
-        let mut cmd = zmem_cmd(&[
-            "run",
-            "--quiet",
-            "--resident",
-            "4M",
-            "--fault-route",
+        let out = run_at_4m(
             route,
-            "--",
-        ]);
-        cmd.arg(&prog).arg("7");
-        let out = run_to_end(
-            cmd,
+            &prog,
+            &["7".as_ref()],
             dir.path(),
             &format!("async-{route}"),
             Duration::from_secs(120),
