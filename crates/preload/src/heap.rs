@@ -270,6 +270,33 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
     }
 }
 
+/// Keeps the internal heap (glibc's malloc, zmem's own memory) small: one arena, and blocks of
+/// 128 KiB or more mapped and unmapped with each allocation. By default glibc gives every
+/// thread that allocates an arena of its own, which keeps what it once held, and raises its
+/// mmap threshold after each large free, so large buffers freed stay in the arenas too. On the
+/// signal route every program thread that serves a fault allocates zmem's per-thread state, so
+/// memcached under `zmem run` held 5–6 MiB more outside the budget after 128 MiB of data
+/// (docs/DESIGN-NOTES.md, "zmem's own memory"). The program's mallocs go to mimalloc, so
+/// only zmem's own allocations see this. Returns whether glibc took both settings.
+pub fn tune_internal_heap() -> bool {
+    // SAFETY: mallopt has no preconditions; it only changes glibc's malloc parameters.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1) == 1
+            && libc::mallopt(libc::M_MMAP_THRESHOLD, INTERNAL_MMAP_THRESHOLD) == 1
+    }
+}
+
+/// Undoes [`tune_internal_heap`]'s arena limit when zmem does not start and glibc's malloc
+/// serves the whole program (the fixed mmap threshold stays: glibc has no way back to its
+/// dynamic one, and a fixed one is what MALLOC_MMAP_THRESHOLD_ gives).
+pub fn untune_internal_heap() {
+    // SAFETY: as above; 0 is glibc's "as many arenas as the CPUs call for".
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 0) };
+}
+
+/// glibc's own default mmap threshold, kept fixed (see [`tune_internal_heap`]).
+const INTERNAL_MMAP_THRESHOLD: i32 = 128 * 1024;
+
 /// Reads every mimalloc option once and pins it at that value, so mimalloc never reads the
 /// environment again. It would otherwise, on whichever thread uses an option first: mimalloc 3
 /// marks an option absent from the environment as read only once it is past "preloading", and a

@@ -70,6 +70,9 @@ pub fn start() {
     }
     let was = heap::set_internal(true);
     heap::pin_options();
+    if !heap::tune_internal_heap() {
+        tracing::debug!("glibc refused the internal heap's malloc settings");
+    }
     let outcome = std::panic::catch_unwind(init)
         .unwrap_or_else(|_| Err(("zmem panicked while starting".into(), OnError::Fail)));
     match outcome {
@@ -79,6 +82,7 @@ pub fn start() {
             // SAFETY: getpid cannot fail.
             let pid = unsafe { libc::getpid() };
             if on_error == OnError::Off {
+                heap::untune_internal_heap();
                 eprintln!("zmem: warning: not compressing {prog} (pid {pid}): {msg}");
                 STATE.store(OFF, Release);
             } else {

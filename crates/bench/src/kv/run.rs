@@ -302,6 +302,7 @@ pub(super) fn run_config(
             "store_limit": store_limit,
             "size": plan.zmem_size,
             "policy": plan.zmem_policy.clone().unwrap_or_else(|| "zmem run's default".into()),
+            "fault_route": plan.zmem_fault_route.clone().unwrap_or_else(|| "zmem run's default".into()),
         });
         if let (Some(ssd), Some(log)) = (ssd, &log_dir) {
             z["ssd"] = serde_json::json!({
@@ -539,6 +540,9 @@ pub(super) fn server_command(
         }
         if let Some(p) = &plan.zmem_policy {
             cmd.extend(["--policy".into(), p.clone()]);
+        }
+        if let Some(r) = &plan.zmem_fault_route {
+            cmd.extend(["--fault-route".into(), r.clone()]);
         }
         cmd.extend([
             "--quiet".into(),
