@@ -34,6 +34,9 @@ pub enum CleanCopiesArg {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum FaultRouteArg {
+    /// signal where zmem may install the syscall guard without taking set-user-ID execs away
+    /// (CAP_SYS_ADMIN, i.e. root), handler elsewhere.
+    Auto,
     Handler,
     Signal,
 }
@@ -100,10 +103,11 @@ pub struct RunArgs {
     pub no_async_settle: bool,
     /// Who serves the program's page faults: handler (a zmem thread the kernel wakes) or
     /// signal (the faulting thread itself, through SIGBUS, with a seccomp filter that brings
-    /// back the buffers of system calls into the heap before they run; no set-user-ID execs
-    /// afterwards; forked children ask the program's handler thread: see README, "The signal
-    /// route").
-    #[arg(long, value_enum, default_value = "handler")]
+    /// back the buffers of system calls into the heap before they run; forked children ask the
+    /// program's handler thread: see README, "The signal route"). auto (the default): signal
+    /// when zmem runs with CAP_SYS_ADMIN (root), where the filter needs no promise to give up
+    /// set-user-ID execs; handler otherwise.
+    #[arg(long, value_enum, default_value = "auto")]
     pub fault_route: FaultRouteArg,
     /// Which pages faulted back keep their compressed copy, so that evicted again unchanged
     /// they are not compressed (or written to the SSD log) again: ssd (copies that cost no
@@ -248,7 +252,10 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
         colocate: !a.no_colocate,
         async_settle: !a.no_async_settle,
         fault_route: match a.fault_route {
-            FaultRouteArg::Handler => FaultRoute::Handler,
+            FaultRouteArg::Auto if zmem_os::caps::effective(zmem_os::caps::SYS_ADMIN) => {
+                FaultRoute::Signal
+            }
+            FaultRouteArg::Auto | FaultRouteArg::Handler => FaultRoute::Handler,
             FaultRouteArg::Signal => FaultRoute::Signal,
         },
         clean_copies: match a.clean_copies {

@@ -1146,7 +1146,10 @@ fn system_calls_into_the_evicted_heap_on_the_signal_route() {
 /// malloc'd stack, each stack evicted before it runs again; the kernel cannot write a SIGBUS
 /// frame on an evicted stack page, so these died with SIGSEGV before zmem gave every thread an
 /// alternate signal stack. And a program's own small alternate stack: reported as set, its
-/// SA_ONSTACK handler runs on an alternate stack, and no fault is served on it.
+/// SA_ONSTACK handler runs on an alternate stack, and no fault is served on it. And threads
+/// made on malloc'd stacks (`pthread_attr_setstack`), whose thread block glibc keeps at the top
+/// of that stack: they died with SIGBUS, then SIGSYS (the new thread's first trapped call with
+/// every signal blocked), then SIGSEGV (a trapped PR_GET_NAME asked again in its handler).
 #[test]
 fn code_on_heap_stacks_on_the_signal_route() {
     if !ready() {
@@ -1160,6 +1163,7 @@ fn code_on_heap_stacks_on_the_signal_route() {
         ("1", "clone"),
         ("2", "own stack"),
         ("3", "thread"),
+        ("4", "stacked threads"),
     ] {
         let out = run_at_4m(
             "signal",
@@ -1206,7 +1210,11 @@ fn zmem_keeps_its_own_memory_in_one_arena() {
             "{route}: {}",
             tail(&out.stderr)
         );
-        let arenas = out.stderr.lines().filter(|l| l.starts_with("Arena ")).count();
+        let arenas = out
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("Arena "))
+            .count();
         assert_eq!(arenas, 1, "{route}: glibc's arenas:\n{}", out.stderr);
     }
 }

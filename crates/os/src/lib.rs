@@ -6,6 +6,7 @@
 //! This crate is the bottom of the graph (it depends on libc only), so the codec, the pool, the
 //! engine, the store and the region can all share it without depending on each other.
 
+pub mod caps;
 pub mod errno;
 pub mod extents;
 pub mod fds;

@@ -158,21 +158,66 @@ pub fn is_zmem_thread() -> bool {
     // SAFETY: gettid and getpid have no preconditions.
     let main = unsafe { libc::gettid() == libc::getpid() };
     let mut name = [0u8; 16];
-    // SAFETY: PR_GET_NAME writes at most 16 bytes (the name and its NUL) into `name`. Through
-    // syscall(2) with every argument given: the variadic prctl(3) would pass whatever its
-    // unused argument registers hold, which a seccomp filter checking them (the signal route's
-    // syscall guard) may take for pointers.
+    !main && thread_name(&mut name) && name.starts_with(NAME_PREFIX.as_bytes())
+}
+
+/// Buffers for [`thread_name`] outside any thread's stack, each taken by one caller at a time.
+static NAME_BUFS: [NameBuf; 16] = [const { NameBuf::new() }; 16];
+
+struct NameBuf {
+    busy: std::sync::atomic::AtomicBool,
+    bytes: std::cell::UnsafeCell<[u8; 16]>,
+}
+
+// SAFETY: `bytes` is only touched by the caller that set `busy`.
+unsafe impl Sync for NameBuf {}
+
+impl NameBuf {
+    const fn new() -> NameBuf {
+        NameBuf {
+            busy: std::sync::atomic::AtomicBool::new(false),
+            bytes: std::cell::UnsafeCell::new([0; 16]),
+        }
+    }
+}
+
+/// The calling thread's name (PR_GET_NAME) into `out`; false if the kernel refused. The kernel
+/// writes a static buffer, not the caller's stack: a thread whose stack is in a guarded region
+/// (`pthread_attr_setstack` on heap memory, on the signal route) would have the call trapped by
+/// the syscall guard, whose handler asks this again: trapped forever. Lock-free (a buffer is
+/// claimed with a compare-exchange), so a signal handler may ask it too; with every buffer in
+/// use, the stack is used.
+fn thread_name(out: &mut [u8; 16]) -> bool {
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    let slot = NAME_BUFS.iter().find(|b| {
+        b.busy
+            .compare_exchange(false, true, Acquire, Acquire)
+            .is_ok()
+    });
+    let buf = match slot {
+        Some(b) => b.bytes.get().cast::<u8>(),
+        None => out.as_mut_ptr(),
+    };
+    // SAFETY: PR_GET_NAME writes at most 16 bytes (the name and its NUL) into `buf`, which is
+    // this caller's alone. Through syscall(2) with every argument given: the variadic prctl(3)
+    // would pass whatever its unused argument registers hold, which a seccomp filter checking
+    // them (the signal route's syscall guard) may take for pointers.
     let r = unsafe {
         libc::syscall(
             libc::SYS_prctl,
             libc::PR_GET_NAME,
-            name.as_mut_ptr(),
+            buf,
             0usize,
             0usize,
             0usize,
         )
     };
-    !main && r == 0 && name.starts_with(NAME_PREFIX.as_bytes())
+    if let Some(b) = slot {
+        // SAFETY: claimed above; copied out before it is released.
+        *out = unsafe { *b.bytes.get() };
+        b.busy.store(false, Release);
+    }
+    r == 0
 }
 
 /// CPUs this thread may run on (its affinity mask); 1 if the kernel will not say. No file is

@@ -349,9 +349,7 @@ pub unsafe extern "C" fn pthread_create(
         // set its locale, so in the region) in glibc's start_thread, before it unblocks the
         // signals glibc blocked for the start: a fault there would end the process. That data
         // stays in DRAM until the thread runs its start routine, where signals are unblocked.
-        if !attr.is_null() {
-            say_if_stack_in_region(attr);
-        }
+        let stack_in_heap = !attr.is_null() && hold_stack_top(attr);
         let ctype = ctype_data();
         let held = guard::keep_in_memory(ctype, ctype + 2 * zmem_region::PAGE);
         let started = Box::into_raw(Box::new(Started {
@@ -360,7 +358,11 @@ pub unsafe extern "C" fn pthread_create(
             held,
             program_thread,
         }));
-        let rc = create(thread, attr, run_started, started.cast());
+        let mut rc = libc::EAGAIN;
+        let mut call = || rc = create(thread, attr, run_started, started.cast());
+        if !stack_in_heap || !on_heap_stack(&mut call) {
+            call();
+        }
         if rc != 0 {
             drop(Box::from_raw(started));
         }
@@ -368,25 +370,195 @@ pub unsafe extern "C" fn pthread_create(
     })
 }
 
+/// How much of the top of a program-supplied stack is kept in DRAM for its thread's life: glibc
+/// puts the thread's block there (`struct pthread`, ~2.3 KiB, with the rseq area the kernel
+/// writes on every return to the thread and the tid it clears at the thread's exit, which
+/// `pthread_join` waits on), the static thread-locals below it (zmem's fault handler reads its
+/// own there), and the thread's first frames (glibc's start, run with every signal blocked).
+const STACK_TOP_HELD: usize = 64 * 1024;
+
+/// Tops of program-supplied stacks kept in DRAM, by stack range, until the thread is joined (or
+/// the stack is used for another thread, which means the old one is gone).
+static STACK_TOPS: std::sync::Mutex<Vec<(usize, usize, guard::Held)>> =
+    std::sync::Mutex::new(Vec::new());
+
 /// A thread made on a stack of the program's in the region (`pthread_attr_setstack` with
-/// malloc'd memory) keeps its thread block and static thread-locals at the top of that stack,
-/// where the kernel writes at the thread's exit (the tid that `pthread_join` waits on) and
-/// zmem's fault handler reads: neither can wait for an evicted page on the signal route. Not
-/// supported there: said once, on stderr.
-unsafe fn say_if_stack_in_region(attr: *const libc::pthread_attr_t) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// malloc'd memory): the top of that stack is kept in DRAM ([`STACK_TOP_HELD`]) until the
+/// thread is joined; the rest of it faults like any heap memory (the thread's faults are served
+/// on zmem's alternate stack). Said once on stderr if no pin is free.
+/// Returns whether the stack is in the region.
+unsafe fn hold_stack_top(attr: *const libc::pthread_attr_t) -> bool {
     let (mut addr, mut size) = (null_mut::<c_void>(), 0usize);
     if libc::pthread_attr_getstack(attr, &mut addr, &mut size) != 0
         || addr.is_null()
+        || size == 0
         || !guard::guarded(addr as usize)
-        || SAID.swap(true, std::sync::atomic::Ordering::Relaxed)
     {
-        return;
+        return false;
     }
-    let msg = b"zmem: a thread is made on a stack in the program's heap (pthread_attr_setstack): \
-not supported on the signal route (an evicted page there can end or hang the program); run \
-with --fault-route handler\n";
-    libc::write(2, msg.as_ptr().cast(), msg.len());
+    let (lo, hi) = (addr as usize, addr as usize + size);
+    let start = (hi - size.min(STACK_TOP_HELD)) & !(zmem_region::PAGE - 1);
+    let mut tops = STACK_TOPS.lock().unwrap_or_else(|e| e.into_inner());
+    // The same stack again: its previous thread has ended.
+    tops.retain(|&(l, h, _)| h <= lo || l >= hi);
+    let held = guard::keep_in_memory(start, hi);
+    if held.is_held() {
+        tops.push((lo, hi, held));
+        return true;
+    }
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let msg = b"zmem: a thread is made on a stack in the program's heap \
+(pthread_attr_setstack) and no pin is free to keep its top in memory: an evicted page there \
+can end the program; run with --fault-route handler\n";
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+    }
+    true
+}
+
+/// Bytes of the stack in the program's heap that [`on_heap_stack`] runs on.
+const SWITCH_STACK: usize = 64 * 1024;
+
+/// That stack (0: not made yet), and the call running on it; one at a time.
+static SWITCH: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+static SWITCH_CALL: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+
+/// Runs `f` on a stack in the program's heap (in the guarded region), for glibc's
+/// pthread_create with a stack in the region. glibc blocks every signal around the clone with a
+/// raw rt_sigprocmask whose old-mask argument is on the calling stack, and the new thread then
+/// sets its mask from its thread block, at the top of its stack, in the region: the filter
+/// traps that call, and with SIGSYS still blocked the kernel kills the process. With the
+/// caller's frame in the region, glibc's blocking call is trapped too, and zmem's handler never
+/// blocks SIGSYS or SIGBUS, so the new thread's trap is served. False if no stack could be made
+/// (`f` has not run).
+unsafe fn on_heap_stack(f: &mut dyn FnMut()) -> bool {
+    extern "C" fn trampoline() {
+        let call = SWITCH_CALL.load(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: set below to a `&mut dyn FnMut()` that lives until swapcontext returns; one
+        // caller at a time (the lock).
+        unsafe { (*call.cast::<&mut dyn FnMut()>())() };
+    }
+    let mut stack = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    if *stack == 0 {
+        let p = crate::heap::alloc(SWITCH_STACK, 16, false, true);
+        if p.is_null() || !guard::guarded(p as usize) {
+            return false;
+        }
+        *stack = p as usize;
+    }
+    let mut caller: Box<libc::ucontext_t> = Box::new(std::mem::zeroed());
+    let mut callee: Box<libc::ucontext_t> = Box::new(std::mem::zeroed());
+    if libc::getcontext(&mut *callee) != 0 {
+        return false;
+    }
+    callee.uc_stack.ss_sp = *stack as *mut c_void;
+    callee.uc_stack.ss_size = SWITCH_STACK;
+    callee.uc_link = &mut *caller;
+    libc::makecontext(&mut *callee, trampoline, 0);
+    let mut f = f;
+    SWITCH_CALL.store(
+        (&mut f as *mut &mut dyn FnMut()).cast(),
+        std::sync::atomic::Ordering::Release,
+    );
+    let ok = libc::swapcontext(&mut *caller, &*callee) == 0;
+    SWITCH_CALL.store(null_mut(), std::sync::atomic::Ordering::Release);
+    ok
+}
+
+/// `thread` was joined: the top of its stack, if it was the program's, may leave DRAM.
+fn release_stack_top(thread: libc::pthread_t) {
+    // glibc's pthread_t is the address of the thread's block, at the top of its stack.
+    let at = thread as usize;
+    let mut tops = STACK_TOPS.lock().unwrap_or_else(|e| e.into_inner());
+    if !tops.is_empty() {
+        tops.retain(|&(l, h, _)| !(l..h).contains(&at));
+    }
+}
+
+/// # Safety
+/// C's pthread_join.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_join(thread: libc::pthread_t, ret: *mut *mut c_void) -> c_int {
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"pthread_join");
+    if f.is_null() {
+        return libc::ENOSYS;
+    }
+    type Join = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
+    let rc = std::mem::transmute::<*mut c_void, Join>(f)(thread, ret);
+    if rc == 0 {
+        release_stack_top(thread);
+    }
+    rc
+}
+
+/// # Safety
+/// glibc's pthread_tryjoin_np.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_tryjoin_np(
+    thread: libc::pthread_t,
+    ret: *mut *mut c_void,
+) -> c_int {
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"pthread_tryjoin_np");
+    if f.is_null() {
+        return libc::ENOSYS;
+    }
+    type Join = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
+    let rc = std::mem::transmute::<*mut c_void, Join>(f)(thread, ret);
+    if rc == 0 {
+        release_stack_top(thread);
+    }
+    rc
+}
+
+/// # Safety
+/// glibc's pthread_timedjoin_np.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_timedjoin_np(
+    thread: libc::pthread_t,
+    ret: *mut *mut c_void,
+    abstime: *const libc::timespec,
+) -> c_int {
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"pthread_timedjoin_np");
+    if f.is_null() {
+        return libc::ENOSYS;
+    }
+    type Join =
+        unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void, *const libc::timespec) -> c_int;
+    let rc = std::mem::transmute::<*mut c_void, Join>(f)(thread, ret, abstime);
+    if rc == 0 {
+        release_stack_top(thread);
+    }
+    rc
+}
+
+/// # Safety
+/// glibc's pthread_clockjoin_np.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_clockjoin_np(
+    thread: libc::pthread_t,
+    ret: *mut *mut c_void,
+    clock: libc::clockid_t,
+    abstime: *const libc::timespec,
+) -> c_int {
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"pthread_clockjoin_np");
+    if f.is_null() {
+        return libc::ENOSYS;
+    }
+    type Join = unsafe extern "C" fn(
+        libc::pthread_t,
+        *mut *mut c_void,
+        libc::clockid_t,
+        *const libc::timespec,
+    ) -> c_int;
+    let rc = std::mem::transmute::<*mut c_void, Join>(f)(thread, ret, clock, abstime);
+    if rc == 0 {
+        release_stack_top(thread);
+    }
+    rc
 }
 
 /// A thread's start routine and argument, and what is kept in DRAM until it starts.

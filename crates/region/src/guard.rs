@@ -1227,6 +1227,14 @@ pub fn with_exec_strings<R>(path: usize, argv: usize, envp: usize, f: impl FnOnc
 /// Memory kept in DRAM by [`keep_in_memory`] until dropped.
 pub struct Held(Option<usize>);
 
+impl Held {
+    /// Whether the memory is kept (false when the guard is off, the range is not the region's,
+    /// or the pin table was full).
+    pub fn is_held(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(i) = self.0 {

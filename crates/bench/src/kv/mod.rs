@@ -164,9 +164,9 @@ pub struct KvArgs {
     /// zmem: compression policy passed to `zmem run` [default: zmem run's].
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(POLICIES))]
     pub policy: Option<String>,
-    /// zmem: who serves the server's page faults, passed to `zmem run` (handler or signal)
-    /// [default: zmem run's].
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["handler", "signal"]))]
+    /// zmem: who serves the server's page faults, passed to `zmem run` (auto, handler or
+    /// signal) [default: zmem run's].
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["auto", "handler", "signal"]))]
     pub fault_route: Option<String>,
     /// zmem: virtual size of the heap region [default: 2 x --max-data + 256M].
     #[arg(long, value_parser = parse_size)]

@@ -129,9 +129,10 @@ pub struct ProgramsArgs {
     /// zram algorithm of the kernel side.
     #[arg(long, default_value = "lz4")]
     pub zram_alg: String,
-    /// Who serves the zmem side's faults (`zmem run --fault-route`): handler (a zmem thread,
-    /// the default) or signal (the faulting thread, with the syscall guard).
-    #[arg(long, default_value = "handler", value_parser = ["handler", "signal"])]
+    /// Who serves the zmem side's faults (`zmem run --fault-route`): auto (zmem run's default:
+    /// signal as root), handler (a zmem thread) or signal (the faulting thread, with the
+    /// syscall guard).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "handler", "signal"])]
     pub fault_route: String,
     /// A run taking longer than this (seconds) is killed and reported as a timeout.
     #[arg(long, default_value_t = 600.0)]

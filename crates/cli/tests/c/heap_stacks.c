@@ -9,7 +9,11 @@
  * 1 clone: a child process (clone without CLONE_VM) on a malloc'd stack, evicted first
  * 2 the program's own small alternate stack: sigaltstack reports it, its SA_ONSTACK handler
  *   runs (on an alternate stack), and faults are not served on it (its bytes untouched)
- * 3 a thread on zmem's alternate stack made by pthread_create: the same as 0 on a thread */
+ * 3 a thread on zmem's alternate stack made by pthread_create: the same as 0 on a thread
+ * 4 threads on malloc'd stacks (pthread_attr_setstack; glibc keeps the thread's block, its
+ *   static thread-locals and rseq area at the top of that stack): each recurses on it, waits
+ *   while the heap is evicted (blocked in a futex), checks its frames, and is joined; the same
+ *   stacks serve three rounds of threads, then are freed */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -148,10 +152,68 @@ static void *on_thread(void *arg) {
     return NULL;
 }
 
+/* ---------------------------------------------------------------- threads on heap stacks */
+
+#define STACKED 4
+static pthread_barrier_t deep, evicted;
+static __thread int tls_id;
+
+static void stacked_dive(int id, int depth) {
+    volatile unsigned char frame[1024];
+    for (int i = 0; i < 1024; i++) frame[i] = (unsigned char)(id * 5 + depth + i);
+    if (depth > 0) {
+        stacked_dive(id, depth - 1);
+    } else {
+        pthread_barrier_wait(&deep);
+        pthread_barrier_wait(&evicted);
+        if (sum_heap() == 0) coro_bad[id]++;
+    }
+    for (int i = 0; i < 1024; i++)
+        if (frame[i] != (unsigned char)(id * 5 + depth + i)) { coro_bad[id]++; break; }
+}
+
+static void *stacked_main(void *arg) {
+    tls_id = (int)(long)arg;
+    stacked_dive(tls_id, 48);
+    if (tls_id != (int)(long)arg) coro_bad[tls_id]++;
+    return arg;
+}
+
+static void stacked_threads(void) {
+    unsigned want = sum_heap();
+    void *stacks[STACKED];
+    for (int t = 0; t < STACKED; t++) stacks[t] = malloc(STACK);
+    pthread_barrier_init(&deep, NULL, STACKED + 1);
+    pthread_barrier_init(&evicted, NULL, STACKED + 1);
+    for (int round = 0; round < 3; round++) {
+        pthread_t th[STACKED];
+        for (int t = 0; t < STACKED; t++) {
+            pthread_attr_t a;
+            pthread_attr_init(&a);
+            pthread_attr_setstack(&a, stacks[t], STACK);
+            CHECK(pthread_create(&th[t], &a, stacked_main, (void *)(long)t) == 0, "pthread_create");
+            pthread_attr_destroy(&a);
+        }
+        pthread_barrier_wait(&deep);
+        evict();
+        pthread_barrier_wait(&evicted);
+        for (int t = 0; t < STACKED; t++) {
+            void *r = NULL;
+            CHECK(pthread_join(th[t], &r) == 0 && r == (void *)(long)t, "join %d", t);
+        }
+        evict();
+    }
+    for (int t = 0; t < STACKED; t++) {
+        CHECK(coro_bad[t] == 0, "thread %d: %d frames wrong", t, coro_bad[t]);
+        free(stacks[t]);
+    }
+    CHECK(sum_heap() == want, "the heap reads back");
+}
+
 int main(int argc, char **argv) {
     int mode = argc > 1 ? atoi(argv[1]) : 0;
-    static const char *names[] = {"coroutines", "clone", "own stack", "thread"};
-    if (mode < 0 || mode > 3) return 2;
+    static const char *names[] = {"coroutines", "clone", "own stack", "thread", "stacked threads"};
+    if (mode < 0 || mode > 4) return 2;
     heap = malloc(HEAP);
     for (size_t i = 0; i < HEAP; i++) heap[i] = (unsigned char)(i * 13 + 1);
     switch (mode) {
@@ -159,6 +221,7 @@ int main(int argc, char **argv) {
     case 1: cloned(); break;
     case 2: own_stack(); break;
     case 3: { pthread_t t; pthread_create(&t, NULL, on_thread, NULL); pthread_join(t, NULL); break; }
+    case 4: stacked_threads(); break;
     }
     printf("%s: %s\n", names[mode], bad ? "FAILED" : "ok");
     return bad != 0;
