@@ -377,6 +377,10 @@ pub unsafe extern "C" fn pthread_create(
 /// own there), and the thread's first frames (glibc's start, run with every signal blocked).
 const STACK_TOP_HELD: usize = 64 * 1024;
 
+/// At most this many stack tops held at once: half of the guard's pin table, whose other half
+/// the system calls need.
+const STACK_TOPS_MAX: usize = 64;
+
 /// Tops of program-supplied stacks kept in DRAM, by stack range, until the thread is joined (or
 /// the stack is used for another thread, which means the old one is gone).
 static STACK_TOPS: std::sync::Mutex<Vec<(usize, usize, guard::Held)>> =
@@ -401,16 +405,19 @@ unsafe fn hold_stack_top(attr: *const libc::pthread_attr_t) -> bool {
     let mut tops = STACK_TOPS.lock().unwrap_or_else(|e| e.into_inner());
     // The same stack again: its previous thread has ended.
     tops.retain(|&(l, h, _)| h <= lo || l >= hi);
-    let held = guard::keep_in_memory(start, hi);
-    if held.is_held() {
-        tops.push((lo, hi, held));
-        return true;
+    if tops.len() < STACK_TOPS_MAX {
+        let held = guard::keep_in_memory(start, hi);
+        if held.is_held() {
+            tops.push((lo, hi, held));
+            return true;
+        }
     }
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
         let msg = b"zmem: a thread is made on a stack in the program's heap \
-(pthread_attr_setstack) and no pin is free to keep its top in memory: an evicted page there \
-can end the program; run with --fault-route handler\n";
+(pthread_attr_setstack) and no pin is free to keep its top in memory (64 such threads at \
+once at most, joined or not): an evicted page there can end the program; run with \
+--fault-route handler\n";
         libc::write(2, msg.as_ptr().cast(), msg.len());
     }
     true
