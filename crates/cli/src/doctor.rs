@@ -57,6 +57,9 @@ pub struct Probes {
     pub preload: fn() -> Result<PathBuf, String>,
     /// /proc/meminfo.
     pub meminfo: PathBuf,
+    /// Whether zmem runs with CAP_SYS_ADMIN (`zmem run --fault-route auto` takes the signal
+    /// route then).
+    pub sys_admin: fn() -> bool,
 }
 
 impl Probes {
@@ -70,6 +73,7 @@ impl Probes {
             io_uring: probe_io_uring,
             preload: || crate::run::find_library(None).map_err(|e| e.to_string()),
             meminfo: "/proc/meminfo".into(),
+            sys_admin: || zmem_os::caps::effective(zmem_os::caps::SYS_ADMIN),
         }
     }
 }
@@ -207,6 +211,24 @@ pub fn checks(p: &Probes) -> Vec<Check> {
             "build it with `cargo build --release --workspace` (it lands next to zmem), install the \
              zmem package (/usr/lib/zmem), or set ZMEM_PRELOAD",
         ),
+    });
+
+    out.push(if (p.sys_admin)() {
+        ok(
+            "fault route",
+            false,
+            "signal: `zmem run` serves each fault on the faulting thread (CAP_SYS_ADMIN)".into(),
+        )
+    } else {
+        bad(
+            "fault route",
+            false,
+            "handler: without CAP_SYS_ADMIN `zmem run` hands each fault to its handler thread \
+             (slower); `--fault-route signal` works here too, but then the program cannot gain \
+             privileges through set-user-ID executables (`sudo` inside it fails)"
+                .into(),
+            "run zmem as root (or with CAP_SYS_ADMIN) for the signal route",
+        )
     });
 
     out.push(match std::fs::read_to_string(&p.psi) {
@@ -409,6 +431,7 @@ mod tests {
             io_uring: || Ok(()),
             preload: || Ok("/usr/lib/zmem/libzmem_preload.so".into()),
             meminfo: dir.join("meminfo"),
+            sys_admin: || true,
         }
     }
 
@@ -425,6 +448,22 @@ mod tests {
         let text = render(&c);
         assert!(text.contains("everything zmem needs is here"), "{text}");
         assert!(find(&c, "memory").detail.contains("7.6G total"), "{text}");
+    }
+
+    #[test]
+    fn without_cap_sys_admin_the_fault_route_is_the_handler_and_a_warning() {
+        let t = tempfile::tempdir().unwrap();
+        let mut p = healthy(t.path());
+        assert!(find(&checks(&p), "fault route")
+            .detail
+            .starts_with("signal"));
+        p.sys_admin = || false;
+        let c = checks(&p);
+        let r = find(&c, "fault route");
+        assert_eq!(r.status, Status::Warn);
+        assert!(r.detail.starts_with("handler"), "{}", r.detail);
+        assert!(r.fix.contains("CAP_SYS_ADMIN"), "{}", r.fix);
+        assert_eq!(exit_status(&c), 0);
     }
 
     #[test]
