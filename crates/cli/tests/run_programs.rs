@@ -1070,15 +1070,17 @@ fn unusual_process_calls_keep_working() {
     }
 }
 
-/// Runs `prog ARGS` to its end under `zmem run --quiet --resident 4M --fault-route ROUTE`: the
-/// test programs of tests/c/evicting.h push their data out of a 4M budget.
-fn run_at_4m(
+/// Runs `prog ARGS` to its end under `zmem run --quiet --resident 4M --fault-route ROUTE` (the
+/// test programs of tests/c/evicting.h push their data out of a 4M budget) and checks that it
+/// exited 0 with `want` (e.g. "files: ok") in its output; `tag` names the run in a failure.
+fn ok_at_4m(
     route: &str,
     prog: &Path,
     args: &[&std::ffi::OsStr],
     dir: &Path,
     tag: &str,
     timeout: Duration,
+    want: &str,
 ) -> Finished {
     let mut cmd = zmem_cmd(&[
         "run",
@@ -1090,7 +1092,15 @@ fn run_at_4m(
         "--",
     ]);
     cmd.arg(prog).args(args);
-    run_to_end(cmd, dir, tag, timeout)
+    let out = run_to_end(cmd, dir, tag, timeout);
+    assert!(
+        out.code == Some(0) && out.stdout.contains(want),
+        "{tag} on the {route} route: status {:?}, wanted {want:?} in\n{}\n{}",
+        out.code,
+        out.stdout,
+        tail(&out.stderr)
+    );
+    out
 }
 
 /// The signal route (`--fault-route signal`): system calls whose buffers are in the evicted
@@ -1118,25 +1128,14 @@ fn system_calls_into_the_evicted_heap_on_the_signal_route() {
         ("5", "execs"),
         ("6", "fork"),
     ] {
-        let out = run_at_4m(
+        ok_at_4m(
             "signal",
             &prog,
             &[mode.as_ref(), stat.as_os_str()],
             dir.path(),
             &format!("guarded-{mode}"),
             Duration::from_secs(120),
-        );
-        assert_eq!(
-            out.code,
-            Some(0),
-            "{what}: {}\n{}",
-            out.stdout,
-            tail(&out.stderr)
-        );
-        assert!(
-            out.stdout.contains(&format!("{what}: ok")),
-            "{what}: {}",
-            out.stdout
+            &format!("{what}: ok"),
         );
     }
 }
@@ -1165,19 +1164,14 @@ fn code_on_heap_stacks_on_the_signal_route() {
         ("3", "thread"),
         ("4", "stacked threads"),
     ] {
-        let out = run_at_4m(
+        ok_at_4m(
             "signal",
             &prog,
             &[mode.as_ref()],
             dir.path(),
             &format!("heap-stacks-{mode}"),
             Duration::from_secs(60),
-        );
-        assert_eq!(
-            (out.code, out.stdout.trim()),
-            (Some(0), format!("{what}: ok").as_str()),
-            "{what}: {}",
-            tail(&out.stderr)
+            &format!("{what}: ok"),
         );
     }
 }
@@ -1196,19 +1190,14 @@ fn zmem_keeps_its_own_memory_in_one_arena() {
     let dir = tmpdir();
     let prog = compile("own_memory", dir.path(), &[]);
     for route in ["handler", "signal"] {
-        let out = run_at_4m(
+        let out = ok_at_4m(
             route,
             &prog,
             &[],
             dir.path(),
             &format!("own-memory-{route}"),
             Duration::from_secs(60),
-        );
-        assert_eq!(
-            (out.code, out.stdout.trim()),
-            (Some(0), "own memory: ok"),
-            "{route}: {}",
-            tail(&out.stderr)
+            "own memory: ok",
         );
         let arenas = out
             .stderr
@@ -1234,19 +1223,14 @@ fn signal_handlers_that_fault_on_the_heap_meanwhile() {
     let dir = tmpdir();
     let prog = compile("guarded_calls", dir.path(), &[]);
     for route in ["handler", "signal"] {
-        let out = run_at_4m(
+        ok_at_4m(
             route,
             &prog,
             &["7".as_ref()],
             dir.path(),
             &format!("async-{route}"),
             Duration::from_secs(120),
-        );
-        assert_eq!(
-            (out.code, out.stdout.trim()),
-            (Some(0), "async: ok"),
-            "{route}: {}",
-            tail(&out.stderr)
+            "async: ok",
         );
     }
 }

@@ -482,91 +482,41 @@ fn release_stack_top(thread: libc::pthread_t) {
     }
 }
 
-/// # Safety
-/// C's pthread_join.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_join(thread: libc::pthread_t, ret: *mut *mut c_void) -> c_int {
-    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    let f = next(&F, c"pthread_join");
-    if f.is_null() {
-        return libc::ENOSYS;
-    }
-    type Join = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
-    let rc = std::mem::transmute::<*mut c_void, Join>(f)(thread, ret);
-    if rc == 0 {
-        release_stack_top(thread);
-    }
-    rc
+/// glibc's join `$name`, after which the top of the thread's stack, if it was the program's, may
+/// leave DRAM.
+macro_rules! join {
+    ($name:ident, $lit:literal, ($($a:ident: $t:ty),*)) => {
+        /// # Safety
+        /// glibc's function of this name.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            thread: libc::pthread_t,
+            ret: *mut *mut c_void
+            $(, $a: $t)*
+        ) -> c_int {
+            static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+            let f = next(&F, $lit);
+            if f.is_null() {
+                return libc::ENOSYS;
+            }
+            type Join = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void $(, $t)*) -> c_int;
+            let rc = std::mem::transmute::<*mut c_void, Join>(f)(thread, ret $(, $a)*);
+            if rc == 0 {
+                release_stack_top(thread);
+            }
+            rc
+        }
+    };
 }
 
-/// # Safety
-/// glibc's pthread_tryjoin_np.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_tryjoin_np(
-    thread: libc::pthread_t,
-    ret: *mut *mut c_void,
-) -> c_int {
-    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    let f = next(&F, c"pthread_tryjoin_np");
-    if f.is_null() {
-        return libc::ENOSYS;
-    }
-    type Join = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
-    let rc = std::mem::transmute::<*mut c_void, Join>(f)(thread, ret);
-    if rc == 0 {
-        release_stack_top(thread);
-    }
-    rc
-}
-
-/// # Safety
-/// glibc's pthread_timedjoin_np.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_timedjoin_np(
-    thread: libc::pthread_t,
-    ret: *mut *mut c_void,
-    abstime: *const libc::timespec,
-) -> c_int {
-    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    let f = next(&F, c"pthread_timedjoin_np");
-    if f.is_null() {
-        return libc::ENOSYS;
-    }
-    type Join =
-        unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void, *const libc::timespec) -> c_int;
-    let rc = std::mem::transmute::<*mut c_void, Join>(f)(thread, ret, abstime);
-    if rc == 0 {
-        release_stack_top(thread);
-    }
-    rc
-}
-
-/// # Safety
-/// glibc's pthread_clockjoin_np.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_clockjoin_np(
-    thread: libc::pthread_t,
-    ret: *mut *mut c_void,
-    clock: libc::clockid_t,
-    abstime: *const libc::timespec,
-) -> c_int {
-    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    let f = next(&F, c"pthread_clockjoin_np");
-    if f.is_null() {
-        return libc::ENOSYS;
-    }
-    type Join = unsafe extern "C" fn(
-        libc::pthread_t,
-        *mut *mut c_void,
-        libc::clockid_t,
-        *const libc::timespec,
-    ) -> c_int;
-    let rc = std::mem::transmute::<*mut c_void, Join>(f)(thread, ret, clock, abstime);
-    if rc == 0 {
-        release_stack_top(thread);
-    }
-    rc
-}
+join!(pthread_join, c"pthread_join", ());
+join!(pthread_tryjoin_np, c"pthread_tryjoin_np", ());
+join!(pthread_timedjoin_np, c"pthread_timedjoin_np", (abstime: *const libc::timespec));
+join!(
+    pthread_clockjoin_np,
+    c"pthread_clockjoin_np",
+    (clock: libc::clockid_t, abstime: *const libc::timespec)
+);
 
 /// A thread's start routine and argument, and what is kept in DRAM until it starts.
 struct Started {
