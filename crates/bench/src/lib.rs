@@ -37,6 +37,9 @@ use clap::Subcommand;
 pub use corpus::{default_corpus, DEFAULT_CORPORA};
 pub use target::POLICIES;
 
+/// `zmem run --fault-route` values, for the benchmarks that pass one through.
+pub const RUN_FAULT_ROUTES: [&str; 3] = ["auto", "handler", "signal"];
+
 /// `zmem bench ...`.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {

@@ -166,7 +166,7 @@ pub struct KvArgs {
     pub policy: Option<String>,
     /// zmem: who serves the server's page faults, passed to `zmem run` (auto, handler or
     /// signal) [default: zmem run's].
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["auto", "handler", "signal"]))]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(crate::RUN_FAULT_ROUTES))]
     pub fault_route: Option<String>,
     /// zmem: virtual size of the heap region [default: 2 x --max-data + 256M].
     #[arg(long, value_parser = parse_size)]

@@ -132,7 +132,7 @@ pub struct ProgramsArgs {
     /// Who serves the zmem side's faults (`zmem run --fault-route`): auto (zmem run's default:
     /// signal as root), handler (a zmem thread) or signal (the faulting thread, with the
     /// syscall guard).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "handler", "signal"])]
+    #[arg(long, default_value = "auto", value_parser = crate::RUN_FAULT_ROUTES)]
     pub fault_route: String,
     /// A run taking longer than this (seconds) is killed and reported as a timeout.
     #[arg(long, default_value_t = 600.0)]
