@@ -537,8 +537,14 @@ extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 
 /// Runs a trapped call `nr` for the program and returns what the kernel would have.
 fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
-    if on_zmem_thread() {
-        // zmem's threads never touch the region: nothing to bring back.
+    if on_zmem_thread() || crate::signal::serving_a_fault() {
+        // zmem's threads never touch the region: nothing to bring back. Nor does zmem's code
+        // serving a fault on a program thread (the signal route): a fault taken here would be
+        // served inside that one, on the same thread, with its locks held (found: sort at
+        // --resident 16M; its fault's store release waited on a pool lock, parking_lot's
+        // FUTEX_WAIT was trapped on a stale pointer into the region in an argument FUTEX_WAIT
+        // ignores, the touch faulted, and the handler thread that took the nested fault waited
+        // for the region lock the outer one held).
         return raw(nr, a);
     }
     call(nr, a)
@@ -731,6 +737,11 @@ fn collect(arg: Arg, a: &[u64; 6], out: &mut Ranges) {
         Arg::Array(p, n, size) => out.add(v(p), v(n).saturating_mul(size as usize)),
         Arg::Fixed(p, size) => {
             if v(p) != 0 {
+                out.add(v(p), size as usize)
+            }
+        }
+        Arg::ForFutex(p, size, commands) => {
+            if v(p) != 0 && syscalls::futex_uses(commands, a[1]) {
                 out.add(v(p), size as usize)
             }
         }

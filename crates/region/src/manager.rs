@@ -67,7 +67,8 @@ pub(crate) struct SpaceInner {
     pub staged: HashMap<u32, usize>,
     /// First and last page of the last fault's run (fault-around follows a walk up or down).
     pub last_run: (usize, usize),
-    /// Whether the last fault was one page below the run before it.
+    /// Whether the last fault was one page above / below the run before it.
+    pub walking_up: bool,
     pub walking_down: bool,
     /// Address ranges the program unmapped (never unmapped again on destroy).
     pub unmapped: Vec<(usize, usize)>,
@@ -112,6 +113,7 @@ impl SpaceInner {
             resident: 0,
             staged: HashMap::new(),
             last_run: (usize::MAX - 1, usize::MAX - 1),
+            walking_up: false,
             walking_down: false,
             unmapped: Vec::new(),
             remap_warned: false,

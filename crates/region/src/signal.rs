@@ -71,6 +71,15 @@ thread_local! {
     static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Faults this thread served (the kernel counts a fault that ends in SIGBUS in no usage).
     static SERVED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Whether this thread is serving a fault now (see `serving_a_fault`).
+    static SERVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is serving a fault of a region's signal route: the system calls
+/// it makes meanwhile are zmem's (a lock's futex), which the syscall guard must pass as they
+/// are.
+pub(crate) fn serving_a_fault() -> bool {
+    SERVING.try_with(|s| s.get()).unwrap_or(false)
 }
 
 /// Faults the calling thread served itself on a region's signal route, since it started.
@@ -298,6 +307,13 @@ fn serve(shared: &Arc<Shared>, page: usize) {
         return;
     }
     let _ = SERVED.try_with(|c| c.set(c.get() + 1));
+    struct Serving(bool);
+    impl Drop for Serving {
+        fn drop(&mut self) {
+            let _ = SERVING.try_with(|s| s.set(self.0));
+        }
+    }
+    let _serving = Serving(SERVING.try_with(|s| s.replace(true)).unwrap_or(false));
     BUF.with(|buf| {
         // Taken only if a fault is served on this thread inside another (never expected: the
         // asynchronous signals are blocked meanwhile); a handler thread serves that one.

@@ -20,6 +20,11 @@ pub(crate) enum Arg {
     Array(u8, u8, u16),
     /// Argument `.0` points at `.1` bytes (a page where the size is not known).
     Fixed(u8, u16),
+    /// futex(2): argument `.0` points at `.1` bytes for the commands (argument 1, less its
+    /// flags) whose bits are set in `.2`, and is ignored by the others, whose callers leave
+    /// anything in that register (glibc and parking_lot's FUTEX_WAIT leave r8 as it was: a
+    /// stale pointer into the region, brought back for nothing).
+    ForFutex(u8, u16, u16),
     /// Argument `.0` points at as many bytes as the `u32` at argument `.1` says (socklen_t).
     LenAt(u8, u8),
     /// Argument `.0` is a NUL-terminated string.
@@ -41,6 +46,7 @@ impl Arg {
             Arg::Bytes(p, _)
             | Arg::Array(p, _, _)
             | Arg::Fixed(p, _)
+            | Arg::ForFutex(p, _, _)
             | Arg::LenAt(p, _)
             | Arg::Str(p)
             | Arg::StrArray(p)
@@ -126,6 +132,20 @@ const FDSET: u16 = 128;
 const SIGINFO: u16 = 128;
 const ITIMER: u16 = 32;
 const RUSAGE: u16 = 144;
+/// futex(2) commands (linux/futex.h) whose argument 3 is a timeout: WAIT, LOCK_PI,
+/// WAIT_BITSET, WAIT_REQUEUE_PI, LOCK_PI2 (for the others it is a count or unused).
+const FUTEX_TIMEOUT: u16 = 1 << 0 | 1 << 6 | 1 << 9 | 1 << 11 | 1 << 13;
+/// futex(2) commands that use argument 4 (uaddr2): REQUEUE, CMP_REQUEUE, WAKE_OP,
+/// WAIT_REQUEUE_PI, CMP_REQUEUE_PI.
+const FUTEX_UADDR2: u16 = 1 << 3 | 1 << 4 | 1 << 5 | 1 << 11 | 1 << 12;
+
+/// Whether futex(2) with operation `op` (argument 1) follows an argument listed for
+/// `commands` (`Arg::ForFutex`); the command is `op` less FUTEX_PRIVATE_FLAG and
+/// FUTEX_CLOCK_REALTIME.
+pub(crate) fn futex_uses(commands: u16, op: u64) -> bool {
+    let command = op & 0x7f;
+    command < 16 && commands & (1 << command) != 0
+}
 
 /// The rule for system call `nr` (x86_64 numbers).
 #[allow(non_upper_case_globals)] // libc names the call numbers SYS_read, ...
@@ -177,7 +197,11 @@ pub(crate) fn rule(nr: i64) -> Rule {
         SYS_epoll_pwait => Check(&[Array(1, 2, 12), Fixed(4, SIGSET)]),
         nr::EPOLL_PWAIT2 => Check(&[Array(1, 2, 12), Fixed(3, TIMESPEC), Fixed(4, SIGSET)]),
         SYS_epoll_ctl => Check(&[Fixed(3, 12)]),
-        SYS_futex => Check(&[Fixed(0, 4), Fixed(3, TIMESPEC), Fixed(4, 4)]),
+        SYS_futex => Check(&[
+            Fixed(0, 4),
+            ForFutex(3, TIMESPEC, FUTEX_TIMEOUT),
+            ForFutex(4, 4, FUTEX_UADDR2),
+        ]),
         nr::FUTEX_WAKE => Check(&[Fixed(0, 4)]),
         nr::FUTEX_WAIT => Check(&[Fixed(0, 4), Fixed(4, TIMESPEC)]),
         SYS_nanosleep => Check(&[Fixed(0, TIMESPEC), Fixed(1, TIMESPEC)]),
@@ -482,5 +506,36 @@ mod tests {
                 assert!(a.ptr() < 6, "syscall {nr}: {a:?}");
             }
         }
+    }
+
+    #[test]
+    fn futex_pointers_count_only_for_the_commands_that_use_them() {
+        let (wait, wake, requeue, wake_op) = (0u64, 1u64, 3u64, 5u64);
+        let (wait_bitset, wait_requeue_pi, lock_pi2) = (9u64, 11u64, 13u64);
+        let (private, realtime) = (128u64, 256u64);
+        for op in [
+            wait,
+            wait | private,
+            wait_bitset | private | realtime,
+            lock_pi2,
+        ] {
+            assert!(futex_uses(FUTEX_TIMEOUT, op), "{op}");
+            assert!(!futex_uses(FUTEX_UADDR2, op), "{op}: uaddr2 is not read");
+        }
+        for op in [wake | private, requeue, wake_op | private] {
+            assert!(
+                !futex_uses(FUTEX_TIMEOUT, op),
+                "{op}: argument 3 is a count"
+            );
+        }
+        for op in [requeue, wake_op | private, wait_requeue_pi] {
+            assert!(futex_uses(FUTEX_UADDR2, op), "{op}");
+        }
+        assert!(futex_uses(FUTEX_TIMEOUT, wait_requeue_pi));
+        assert!(!futex_uses(FUTEX_UADDR2, wake));
+        // Unknown commands name nothing (the call's own EINVAL follows).
+        assert!(!futex_uses(u16::MAX, 100));
+        // The filter still checks both (it cannot tell the command): a trap, then nothing.
+        assert_eq!(checked_args(rule(libc::SYS_futex)), 0b11001);
     }
 }

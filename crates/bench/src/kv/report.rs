@@ -56,6 +56,10 @@ pub struct GetFaults {
     pub evictions: u64,
     /// Evictions of pages unchanged since their fault (their clean copy reused).
     pub clean_evictions: u64,
+    /// Pages mapped beside the faulting one (fault-around), and faults on pages caught in
+    /// staging (moved out, not yet compressed): what a fault brings in besides its page.
+    pub fault_around_pages: u64,
+    pub staged_faults: u64,
     /// Per handled fault, and eviction per page (see `bench region`).
     pub breakdown: Option<FaultBreakdown>,
 }
@@ -66,6 +70,8 @@ impl GetFaults {
             major_faults: b.major_faults.saturating_sub(a.major_faults),
             evictions: b.evictions.saturating_sub(a.evictions),
             clean_evictions: b.clean_evictions.saturating_sub(a.clean_evictions),
+            fault_around_pages: b.fault_around_pages.saturating_sub(a.fault_around_pages),
+            staged_faults: b.staged_faults.saturating_sub(a.staged_faults),
             breakdown: FaultBreakdown::new(&a.handler_time, &b.handler_time, None),
         }
     }
@@ -86,6 +92,8 @@ pub fn fault_table(results: &[ConfigResult]) -> String {
         "store us/page",
         "evictions",
         "clean",
+        "around",
+        "staged",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -108,6 +116,8 @@ pub fn fault_table(results: &[ConfigResult]) -> String {
                 us(b.and_then(|b| b.evict_store_us_per_page)),
                 g.evictions.to_string(),
                 g.clean_evictions.to_string(),
+                g.fault_around_pages.to_string(),
+                g.staged_faults.to_string(),
             ])
         })
         .collect();
