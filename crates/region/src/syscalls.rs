@@ -21,9 +21,9 @@ pub(crate) enum Arg {
     /// Argument `.0` points at `.1` bytes (a page where the size is not known).
     Fixed(u8, u16),
     /// futex(2): argument `.0` points at `.1` bytes for the commands (argument 1, less its
-    /// flags) whose bits are set in `.2`, and is ignored by the others, whose callers leave
-    /// anything in that register (glibc and parking_lot's FUTEX_WAIT leave r8 as it was: a
-    /// stale pointer into the region, brought back for nothing).
+    /// flags) whose bits are set in `.2`, and is ignored by the others, whose callers may leave
+    /// anything in that register (parking_lot's FUTEX_WAIT through libc's syscall() left a
+    /// stale pointer into the region in r8, brought back for nothing).
     ForFutex(u8, u16, u16),
     /// Argument `.0` points at as many bytes as the `u32` at argument `.1` says (socklen_t).
     LenAt(u8, u8),
