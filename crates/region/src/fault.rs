@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use zmem_os::Errno;
 
 use crate::config::PAGE;
-use crate::manager::{Served, Shared, Space, STAGING_PAGES, STAGING_SLOTS};
+use crate::manager::{Served, Shared, Space, Step, STAGING_PAGES, STAGING_SLOTS};
 use crate::state::PageState::*;
 use crate::uffd;
 
@@ -114,23 +114,23 @@ impl Shared {
         // end: at --resident 64M 19.8k of its 22.8k first touches were each one page below the
         // one before (DESIGN-NOTES, "Fault-around").
         let (last_lo, last_hi) = inner.last_run;
-        let step_up = idx == last_hi.wrapping_add(1);
-        let step_down = idx.wrapping_add(1) == last_lo;
-        let up = step_up && inner.walking_up;
-        let down = step_down && inner.walking_down;
+        let step = if idx == last_hi.wrapping_add(1) {
+            Some(Step::Up)
+        } else if idx.wrapping_add(1) == last_lo {
+            Some(Step::Down)
+        } else {
+            None
+        };
+        let walk = step.is_some() && step == inner.last_step;
+        let down = walk && step == Some(Step::Down);
         // A fault inside the last run or on a page already mapped (a second message for a
         // page just mapped: another thread, or the same one woken early) says nothing about
         // the walk.
         let repeat = st == Resident || (last_lo..=last_hi).contains(&idx);
         if !repeat {
-            inner.walking_up = step_up;
-            inner.walking_down = step_down;
+            inner.last_step = step;
         }
-        let mut max_run = if up || down {
-            self.fault_around.max(1)
-        } else {
-            1
-        };
+        let mut max_run = if walk { self.fault_around.max(1) } else { 1 };
         if s.is_root {
             // Fault-around never takes the region over its budget.
             max_run = max_run.min(self.budget().saturating_sub(inner.resident).max(1));

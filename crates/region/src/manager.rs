@@ -59,6 +59,13 @@ pub(crate) struct Space {
     pub asks: Option<(Arc<crate::forked::FaultLink>, bool)>,
 }
 
+/// A fault's step from the run before it (fault-around follows two in a row).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    Up,
+    Down,
+}
+
 pub(crate) struct SpaceInner {
     pub state: StateTable,
     pub tracker: Option<Tracker>,
@@ -67,9 +74,8 @@ pub(crate) struct SpaceInner {
     pub staged: HashMap<u32, usize>,
     /// First and last page of the last fault's run (fault-around follows a walk up or down).
     pub last_run: (usize, usize),
-    /// Whether the last fault was one page above / below the run before it.
-    pub walking_up: bool,
-    pub walking_down: bool,
+    /// Whether the last fault was one page above or below the run before it.
+    pub last_step: Option<Step>,
     /// Address ranges the program unmapped (never unmapped again on destroy).
     pub unmapped: Vec<(usize, usize)>,
     pub remap_warned: bool,
@@ -113,8 +119,7 @@ impl SpaceInner {
             resident: 0,
             staged: HashMap::new(),
             last_run: (usize::MAX - 1, usize::MAX - 1),
-            walking_up: false,
-            walking_down: false,
+            last_step: None,
             unmapped: Vec::new(),
             remap_warned: false,
             nursery: Default::default(),
