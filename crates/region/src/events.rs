@@ -1,16 +1,86 @@
 //! The program's own changes to region memory, read as userfaultfd events: madvise
 //! (DONTNEED/REMOVE: the pages read as zeros again), munmap (they leave the region) and mremap
 //! (not supported: what was evicted cannot follow the move, so it raises SIGBUS).
+//!
+//! The kernel lets the program's madvise/munmap/mremap go on as soon as a handler has *read*
+//! the event, not when it has applied it. So the handler applies these events under the space
+//! lock it held across the read (`read_and_apply`): until they are applied no fault, eviction
+//! or settle can touch the pages. Applied later, an event would forget whatever the program
+//! had written into the range since (mimalloc purges a range and hands it out again at once):
+//! a page written again and evicted meanwhile lost its new content (jq aborted and perl wrote
+//! wrong output under `zmem run` on a busy machine; test
+//! `a_page_reused_right_after_madvise_keeps_its_new_content`).
+
+use std::time::Duration;
 
 use crate::config::PAGE;
-use crate::manager::{Shared, Space};
+use crate::manager::{Shared, Space, SpaceInner};
 use crate::state::PageState::*;
+use crate::uffd::{self, Msg};
+
+/// Whether a message is one of the events this module applies.
+pub(crate) fn is_range_event(m: &Msg) -> bool {
+    matches!(
+        m.event,
+        uffd::EVENT_REMOVE | uffd::EVENT_UNMAP | uffd::EVENT_REMAP
+    )
+}
 
 impl Shared {
+    /// Reads a batch of messages from space `s`'s descriptor into `msgs` and applies its range
+    /// events before the space lock is released (see the module's comment); the caller
+    /// dispatches the rest (`is_range_event` tells which were applied). How many were read.
+    pub(crate) fn read_and_apply(
+        &self,
+        s: &Space,
+        msgs: &mut [Msg],
+    ) -> Result<usize, zmem_os::Errno> {
+        let mut inner = s.inner.lock();
+        let n = s.uffd.read_msgs(msgs)?;
+        let delay = self
+            .event_delay_us
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if delay > 0 && msgs[..n].iter().any(is_range_event) {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
+        for m in msgs[..n].iter().filter(|m| is_range_event(m)) {
+            self.apply_range_event(s, &mut inner, m);
+        }
+        Ok(n)
+    }
+
+    /// Applies a REMOVE, UNMAP or REMAP event (anything else is ignored).
+    pub(crate) fn apply_range_event(&self, s: &Space, inner: &mut SpaceInner, m: &Msg) {
+        match m.event {
+            uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => self.remove_locked(
+                s,
+                inner,
+                m.arg0 as usize,
+                m.arg1 as usize,
+                m.event == uffd::EVENT_UNMAP,
+            ),
+            uffd::EVENT_REMAP => {
+                self.remap_locked(s, inner, m.arg0 as usize, m.arg1 as usize, m.arg2 as usize)
+            }
+            _ => {}
+        }
+    }
+
     pub(crate) fn on_remove(&self, s: &Space, start: usize, end: usize, unmap: bool) {
+        let mut inner = s.inner.lock();
+        self.remove_locked(s, &mut inner, start, end, unmap);
+    }
+
+    fn remove_locked(
+        &self,
+        s: &Space,
+        inner: &mut SpaceInner,
+        start: usize,
+        end: usize,
+        unmap: bool,
+    ) {
         let lo = start.max(s.base);
         let hi = end.min(s.base + s.pages * PAGE);
-        let mut inner = s.inner.lock();
         if unmap && start < end {
             inner.unmapped.push((start, end));
         }
@@ -27,14 +97,13 @@ impl Shared {
         }
     }
 
-    pub(crate) fn on_remap(&self, s: &Space, from: usize, to: usize, len: usize) {
+    fn remap_locked(&self, s: &Space, inner: &mut SpaceInner, from: usize, to: usize, len: usize) {
         // mremap of region memory is not supported: pages that were evicted cannot follow the
         // move. Drop what the old range held; anything the kernel cannot find at the new place
         // raises SIGBUS (fault outside the range, or Poisoned inside it).
-        self.on_remove(s, from, from + len, true);
+        self.remove_locked(s, inner, from, from + len, true);
         let lo = to.max(s.base);
         let hi = (to + len).min(s.base + s.pages * PAGE);
-        let mut inner = s.inner.lock();
         if !inner.remap_warned {
             inner.remap_warned = true;
             tracing::warn!(

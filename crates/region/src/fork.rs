@@ -165,8 +165,14 @@ impl Shared {
                 // Pushes stay within the capacity reserved up front (one fault per blocked
                 // thread: FORK_STASH is far above any thread count zmem serves).
                 loop {
-                    let n = s.uffd.read_msgs(msgs).unwrap_or(0);
+                    // Range events are applied at once, as outside a fork (`events`): the
+                    // program's threads go on meanwhile, and on the signal route they serve
+                    // their own faults in the range.
+                    let n = self.read_and_apply(s, msgs).unwrap_or(0);
                     for m in &msgs[..n] {
+                        if crate::events::is_range_event(m) {
+                            continue;
+                        }
                         if m.event == uffd::EVENT_FORK {
                             // Counted until served (hand_off_children waits for it).
                             self.forks_unserved.fetch_add(1, AcqRel);

@@ -261,6 +261,7 @@ impl Region {
             forking_tid: std::sync::atomic::AtomicI32::new(0),
             store_full: AtomicBool::new(false),
             held_warned: AtomicBool::new(false),
+            event_delay_us: AtomicU64::new(0),
             incompressible_said: AtomicBool::new(false),
             store_full_ms: AtomicU64::new(0),
             store_full_said_ms: AtomicU64::new(0),
@@ -467,6 +468,15 @@ impl Region {
             },
             store: sh.root.store.stats(),
         }
+    }
+
+    /// Tests only: each handler waits `delay` between reading a batch of messages and applying
+    /// it, as a handler preempted on a busy machine does.
+    #[doc(hidden)]
+    pub fn delay_events_for_tests(&self, delay: Duration) {
+        self.shared()
+            .event_delay_us
+            .store(delay.as_micros() as u64, Relaxed);
     }
 
     /// Clears the fault latency histogram (e.g. between the fill and the measured phase).

@@ -434,6 +434,10 @@ pub(crate) struct Shared {
     pub store_full: AtomicBool,
     /// Whether the first page held back (UFFDIO_MOVE: EINVAL) was logged.
     pub held_warned: AtomicBool,
+    /// Tests only (`Region::delay_events_for_tests`): microseconds a handler waits between
+    /// reading a batch of messages and applying its events, to widen the window that a handler
+    /// preempted on a busy machine leaves.
+    pub event_delay_us: AtomicU64,
     /// Whether the first page kept back as incompressible was logged.
     pub incompressible_said: AtomicBool,
     /// When it last refused one (`evict::now_ms`): eviction pauses for
@@ -621,7 +625,8 @@ impl Shared {
                     continue;
                 }
                 loop {
-                    let n = match s.uffd.read_msgs(&mut msgs) {
+                    // Range events are applied inside, before the lock is let go.
+                    let n = match self.read_and_apply(s, &mut msgs) {
                         Ok(n) => n,
                         Err(e) if e.code() == libc::EBADF && i == 0 => {
                             lost_descriptor(s.uffd.raw())
@@ -631,7 +636,10 @@ impl Shared {
                             0
                         }
                     };
-                    for m in &msgs[..n] {
+                    for m in msgs[..n]
+                        .iter()
+                        .filter(|m| !crate::events::is_range_event(m))
+                    {
                         if let Served::Retry = self.dispatch(s, m, &mut buf) {
                             deferred.push((s.clone(), *m));
                         }
@@ -765,17 +773,9 @@ impl Shared {
                 self.on_fork(s, child);
                 Served::Done
             }
-            uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => {
-                self.on_remove(
-                    s,
-                    m.arg0 as usize,
-                    m.arg1 as usize,
-                    m.event == uffd::EVENT_UNMAP,
-                );
-                Served::Done
-            }
-            uffd::EVENT_REMAP => {
-                self.on_remap(s, m.arg0 as usize, m.arg1 as usize, m.arg2 as usize);
+            // Applied where they are read (`Shared::read_and_apply`); never dispatched.
+            uffd::EVENT_REMOVE | uffd::EVENT_UNMAP | uffd::EVENT_REMAP => {
+                self.apply_range_event(s, &mut s.inner.lock(), m);
                 Served::Done
             }
             other => {
