@@ -91,7 +91,10 @@ impl Shared {
         let last = ((hi - s.base) / PAGE).min(s.pages);
         for i in first..last {
             if inner.state.get(i) == Faulting {
-                continue; // the program races its own access: the zap follows
+                // The program races its own access to it (the zap follows), or a fault maps it
+                // beside another page: left out there (`Runs`).
+                inner.runs.dropped(i);
+                continue;
             }
             inner.forget(&**s.store, i, if unmap { Unmapped } else { Absent });
         }

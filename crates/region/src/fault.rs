@@ -149,6 +149,11 @@ impl Shared {
                 run += 1;
             }
         }
+        if run > 1 && !inner.runs.start(lo, run) {
+            // Every run entry taken (as many fault-arounds at once): this page alone.
+            lo = idx;
+            run = 1;
+        }
         let mine = idx - lo;
         if !repeat {
             inner.last_run = (lo, lo + run - 1);
@@ -202,6 +207,7 @@ impl Shared {
                     tracing::error!("page {} of the region cannot be read back: {e}", lo + k);
                     let r = s.uffd.poison(s.page_addr(lo + k), PAGE);
                     let mut inner = s.inner.lock();
+                    let _ = inner.runs.finish(lo);
                     for (j, &kind) in kinds.iter().enumerate() {
                         if inner.state.get(lo + j) == Faulting {
                             inner.state.set(lo + j, kind);
@@ -226,6 +232,32 @@ impl Shared {
         }
         self.counters.add_ns(&self.counters.read_ns, t_read);
         let t_map = Instant::now();
+        // A run is mapped under the lock, which range events are applied under, so that no page
+        // the program dropped meanwhile is mapped after the kernel's zap (see `Runs`): those
+        // are left out, and the run shrinks to the pages around ours that none falls between.
+        if run > 1 {
+            let delay = self.run_delay_us.load(Relaxed);
+            if delay > 0 {
+                std::thread::sleep(Duration::from_micros(delay));
+            }
+        }
+        let mut held = (run > 1).then(|| s.inner.lock());
+        let (first, end) = match held.as_mut() {
+            Some(inner) => {
+                let dropped = inner.runs.finish(lo) & !(1u64 << mine);
+                for k in (0..run).filter(|&k| dropped & (1u64 << k) != 0) {
+                    if kinds[k] == Stored {
+                        let _ = s.store.discard((lo + k) as u64);
+                    }
+                    kinds[k] = Absent;
+                }
+                let gone = |k: usize| dropped & (1u64 << k) != 0;
+                let first = (0..mine).rev().find(|&k| gone(k)).map_or(0, |k| k + 1);
+                let end = (mine + 1..run).find(|&k| gone(k)).unwrap_or(run);
+                (first, end)
+            }
+            None => (0, run),
+        };
         // Map the run in one call. If that fails part-way, go page by page so that each page's
         // outcome is known exactly (a page marked resident must really be mapped).
         let map = |at: usize, pages: usize| -> Result<(), Errno> {
@@ -244,20 +276,21 @@ impl Shared {
                 r => r,
             }
         };
-        let mut mapped: u64 = if run == 64 {
+        let span = end - first;
+        let mut mapped: u64 = if span == 64 {
             u64::MAX
         } else {
-            (1u64 << run) - 1
+            ((1u64 << span) - 1) << first
         };
         let mut again = false;
         let mut enomem = false;
-        if let Err(e) = map(lo, run) {
+        if let Err(e) = map(lo + first, span) {
             mapped = 0;
             let mut first_err = Some(e);
-            for k in 0..run {
-                let r = if run == 1 {
+            for k in first..end {
+                let r = if span == 1 {
                     match first_err.take() {
-                        Some(e) if e.code() == libc::EEXIST => map(lo, 1),
+                        Some(e) if e.code() == libc::EEXIST => map(lo + first, 1),
                         Some(e) => Err(e),
                         None => unreachable!(),
                     }
@@ -276,6 +309,7 @@ impl Shared {
                 }
             }
         }
+        drop(held);
         self.counters.add_ns(&self.counters.map_ns, t_map);
         if mapped & (1 << mine) == 0 {
             let mut inner = s.inner.lock();
@@ -351,7 +385,7 @@ impl Shared {
         self.count_fault(kinds[mine]);
         self.counters
             .fault_around_pages
-            .fetch_add(run as u64 - 1, Relaxed);
+            .fetch_add(u64::from(mapped.count_ones()) - 1, Relaxed);
         Served::Done
     }
 

@@ -262,6 +262,7 @@ impl Region {
             store_full: AtomicBool::new(false),
             held_warned: AtomicBool::new(false),
             event_delay_us: AtomicU64::new(0),
+            run_delay_us: AtomicU64::new(0),
             incompressible_said: AtomicBool::new(false),
             store_full_ms: AtomicU64::new(0),
             store_full_said_ms: AtomicU64::new(0),
@@ -476,6 +477,15 @@ impl Region {
     pub fn delay_events_for_tests(&self, delay: Duration) {
         self.shared()
             .event_delay_us
+            .store(delay.as_micros() as u64, Relaxed);
+    }
+
+    /// Tests only: a fault that maps a run of pages (fault-around) waits `delay` between
+    /// reading them and mapping them.
+    #[doc(hidden)]
+    pub fn delay_fault_around_for_tests(&self, delay: Duration) {
+        self.shared()
+            .run_delay_us
             .store(delay.as_micros() as u64, Relaxed);
     }
 

@@ -66,6 +66,54 @@ pub(crate) enum Step {
     Down,
 }
 
+/// Runs of pages being faulted in together (fault-around) and, for each, which of its pages
+/// the program dropped meanwhile. The fault path reads the pages without the lock; a REMOVE
+/// applied then leaves them alone (they are Faulting) and marks them here, and the fault path,
+/// which maps a run under the lock, leaves the marked pages out: mapped after the kernel's
+/// zap, their old content would show where the program expects zeros (jemalloc, for one,
+/// takes pages it purged with MADV_DONTNEED as zeroed). A fixed array: the fault path
+/// allocates nothing; with every entry taken, a fault maps its own page alone.
+#[derive(Default)]
+pub(crate) struct Runs {
+    /// (first page, pages, dropped pages: bit k for page first + k).
+    at: [(usize, usize, u64); 8],
+    len: usize,
+}
+
+impl Runs {
+    /// Starts tracking run `[lo, lo + pages)`: false when every entry is taken.
+    pub fn start(&mut self, lo: usize, pages: usize) -> bool {
+        if self.len == self.at.len() {
+            return false;
+        }
+        self.at[self.len] = (lo, pages, 0);
+        self.len += 1;
+        true
+    }
+
+    /// Page `i` was dropped: marked in the run that holds it, if any.
+    pub fn dropped(&mut self, i: usize) {
+        for r in &mut self.at[..self.len] {
+            if (r.0..r.0 + r.1).contains(&i) {
+                r.2 |= 1 << (i - r.0);
+            }
+        }
+    }
+
+    /// Stops tracking the run starting at `lo`: its dropped pages (0 if it was not tracked).
+    pub fn finish(&mut self, lo: usize) -> u64 {
+        match self.at[..self.len].iter().position(|r| r.0 == lo) {
+            Some(k) => {
+                let dropped = self.at[k].2;
+                self.len -= 1;
+                self.at[k] = self.at[self.len];
+                dropped
+            }
+            None => 0,
+        }
+    }
+}
+
 pub(crate) struct SpaceInner {
     pub state: StateTable,
     pub tracker: Option<Tracker>,
@@ -76,6 +124,9 @@ pub(crate) struct SpaceInner {
     pub last_run: (usize, usize),
     /// Whether the last fault was one page above or below the run before it.
     pub last_step: Option<Step>,
+    /// Fault-around runs between being marked Faulting and being mapped, each with the pages
+    /// of it that a REMOVE or UNMAP hit meanwhile (see `Runs`).
+    pub runs: Runs,
     /// Address ranges the program unmapped (never unmapped again on destroy).
     pub unmapped: Vec<(usize, usize)>,
     pub remap_warned: bool,
@@ -120,6 +171,7 @@ impl SpaceInner {
             staged: HashMap::new(),
             last_run: (usize::MAX - 1, usize::MAX - 1),
             last_step: None,
+            runs: Runs::default(),
             unmapped: Vec::new(),
             remap_warned: false,
             nursery: Default::default(),
@@ -438,6 +490,9 @@ pub(crate) struct Shared {
     /// reading a batch of messages and applying its events, to widen the window that a handler
     /// preempted on a busy machine leaves.
     pub event_delay_us: AtomicU64,
+    /// Tests only (`Region::delay_fault_around_for_tests`): microseconds a fault waits between
+    /// reading a run of pages and mapping it.
+    pub run_delay_us: AtomicU64,
     /// Whether the first page kept back as incompressible was logged.
     pub incompressible_said: AtomicBool,
     /// When it last refused one (`evict::now_ms`): eviction pauses for
@@ -799,5 +854,30 @@ pub(crate) fn lost_descriptor(fd: i32) -> ! {
     unsafe {
         libc::write(2, msg.as_ptr().cast(), msg.len());
         libc::abort()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Runs;
+
+    #[test]
+    fn runs_mark_only_their_own_pages_and_refuse_when_full() {
+        let mut runs = Runs::default();
+        assert!(runs.start(10, 16));
+        assert!(runs.start(40, 4));
+        runs.dropped(12);
+        runs.dropped(25); // in neither run
+        runs.dropped(43);
+        assert_eq!(runs.finish(10), 1 << 2);
+        assert_eq!(runs.finish(10), 0, "finished runs are forgotten");
+        assert_eq!(runs.finish(40), 1 << 3);
+        for k in 0..8 {
+            assert!(runs.start(100 * k, 2), "entry {k}");
+        }
+        assert!(!runs.start(1000, 2), "a ninth run is refused");
+        runs.dropped(301);
+        assert_eq!(runs.finish(300), 1 << 1);
+        assert!(runs.start(1000, 2), "a finished entry is free again");
     }
 }

@@ -1238,3 +1238,52 @@ fn reuse_right_after_madvise(r: &Region) {
         check(page_mut(r, 0), 0, version + 1);
     }
 }
+
+#[test]
+fn a_page_dropped_while_fault_around_reads_it_reads_zeros() {
+    // A walk's fault maps the pages after its own (fault-around), read without the lock. A
+    // page of that run the program drops meanwhile (madvise DONTNEED on another thread) must
+    // read as zeros afterwards, not come back with its old content after the kernel's zap.
+    let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
+    cfg.fault_route = zmem_region::FaultRoute::Signal;
+    let Some(r) = region_with(cfg) else {
+        return;
+    };
+    let r = Arc::new(r);
+    // Four times the budget: the first pages leave DRAM.
+    let pages = 4 * MIB as usize / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 1);
+    }
+    let dropped = 10;
+    r.delay_fault_around_for_tests(Duration::from_millis(300));
+    let walker = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            // Pages 0, 1, 2: two steps up, then a walk (its fault maps pages 2..18 at once).
+            for i in 0..=3 {
+                check(page_mut(&r, i), i, 1);
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: a page of our region that the walker has not reached; its content goes.
+    let rc = unsafe {
+        libc::madvise(
+            r.as_ptr().add(dropped * PAGE).cast(),
+            PAGE,
+            libc::MADV_DONTNEED,
+        )
+    };
+    assert_eq!(rc, 0);
+    assert!(
+        page_mut(&r, dropped).iter().all(|&b| b == 0),
+        "page {dropped} after DONTNEED"
+    );
+    walker.join().unwrap();
+    r.delay_fault_around_for_tests(Duration::ZERO);
+    for i in (0..pages).filter(|&i| i != dropped) {
+        check(page_mut(&r, i), i, 1);
+    }
+    assert!(r.stats().fault_around_pages > 0, "{:?}", r.stats());
+}
