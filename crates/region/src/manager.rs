@@ -867,7 +867,7 @@ mod tests {
         assert!(runs.start(10, 16));
         assert!(runs.start(40, 4));
         runs.dropped(12);
-        runs.dropped(25); // in neither run
+        runs.dropped(30); // in neither run
         runs.dropped(43);
         assert_eq!(runs.finish(10), 1 << 2);
         assert_eq!(runs.finish(10), 0, "finished runs are forgotten");
