@@ -75,6 +75,8 @@ pub struct RunRecord {
     /// Ran to success and its stdout is byte-identical to the plain run's.
     pub output_matched: bool,
     pub first_difference: Option<u64>,
+    /// The bytes around the first difference, both sides.
+    pub difference: Option<String>,
     pub zmem: Option<ZmemFigures>,
     pub kernel: Option<KernelFigures>,
     pub stderr_tail: Vec<String>,
@@ -440,6 +442,7 @@ mod tests {
             output_bytes: 0,
             output_matched: outcome == "ok",
             first_difference: None,
+            difference: None,
             zmem: None,
             kernel: None,
             stderr_tail: Vec::new(),

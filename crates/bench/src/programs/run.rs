@@ -61,7 +61,32 @@ pub struct Exit {
     pub output_bytes: u64,
     /// Where the output first differs from the reference (None: identical, or saved).
     pub first_difference: Option<u64>,
+    /// What the output held there beside what the reference holds (`Difference::describe`).
+    pub difference: Option<String>,
     pub stderr_tail: Vec<String>,
+}
+
+/// Where an output first differs from its reference, with the bytes around it on both sides.
+struct Difference {
+    at: u64,
+    got: Vec<u8>,
+    want: Vec<u8>,
+}
+
+/// Bytes of each side kept around a difference (from a little before it).
+const DIFFERENCE_BEFORE: usize = 16;
+const DIFFERENCE_AFTER: usize = 48;
+
+impl Difference {
+    fn describe(&self) -> String {
+        let show = |b: &[u8]| String::from_utf8_lossy(b).escape_debug().to_string();
+        format!(
+            "from byte {}: got \"{}\", the plain run wrote \"{}\"",
+            self.at.saturating_sub(DIFFERENCE_BEFORE as u64),
+            show(&self.got),
+            show(&self.want)
+        )
+    }
 }
 
 impl Exit {
@@ -192,9 +217,11 @@ pub fn execute(
     // SAFETY: kill(2) on the group our child led; empty groups give ESRCH.
     unsafe { libc::kill(-pid, libc::SIGKILL) };
     drop(child);
-    let (output_bytes, first_difference) = out_reader
+    let (output_bytes, difference) = out_reader
         .join()
         .map_err(|_| anyhow::anyhow!("the output reader panicked"))??;
+    let first_difference = difference.as_ref().map(|d| d.at);
+    let difference = difference.as_ref().map(Difference::describe);
     let stderr_tail = err_reader.join().unwrap_or_default();
     if interrupted {
         return Err(Interrupted.into());
@@ -211,12 +238,13 @@ pub fn execute(
         timed_out,
         output_bytes,
         first_difference,
+        difference,
         stderr_tail,
     })
 }
 
 /// Copies the output to `f`: (bytes, None).
-fn save(mut out: impl Read, f: std::fs::File) -> anyhow::Result<(u64, Option<u64>)> {
+fn save(mut out: impl Read, f: std::fs::File) -> anyhow::Result<(u64, Option<Difference>)> {
     let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
     let n = std::io::copy(&mut out, &mut w).context("saving the output")?;
     w.flush().context("saving the output")?;
@@ -224,12 +252,17 @@ fn save(mut out: impl Read, f: std::fs::File) -> anyhow::Result<(u64, Option<u64
 }
 
 /// Reads the output to its end, comparing it with `reference`: (bytes, first differing byte).
-fn compare(mut out: impl Read, reference: std::fs::File) -> anyhow::Result<(u64, Option<u64>)> {
+/// The difference keeps the bytes around it: from `DIFFERENCE_BEFORE` before it, within the
+/// chunk of output it was found in.
+fn compare(
+    mut out: impl Read,
+    reference: std::fs::File,
+) -> anyhow::Result<(u64, Option<Difference>)> {
     let mut reference = BufReader::with_capacity(1 << 20, reference);
     let mut buf = vec![0u8; 1 << 16];
     let mut want = vec![0u8; 1 << 16];
     let mut pos = 0u64;
-    let mut diff: Option<u64> = None;
+    let mut diff: Option<Difference> = None;
     loop {
         let n = match out.read(&mut buf) {
             Ok(0) => break,
@@ -246,14 +279,32 @@ fn compare(mut out: impl Read, reference: std::fs::File) -> anyhow::Result<(u64,
                 .position(|(a, b)| a != b)
                 .or((got < n).then_some(got));
             if let Some(i) = mismatch {
-                diff = Some(pos + i as u64);
+                let from = i.saturating_sub(DIFFERENCE_BEFORE);
+                let cap = want.len();
+                let extra = read_up_to(
+                    &mut reference,
+                    &mut want[got..(got + DIFFERENCE_AFTER).min(cap)],
+                )
+                .context("reading the reference")?;
+                diff = Some(Difference {
+                    at: pos + i as u64,
+                    got: buf[from..(i + DIFFERENCE_AFTER).min(n)].to_vec(),
+                    want: want[from..(i + DIFFERENCE_AFTER).min(got + extra)].to_vec(),
+                });
             }
         }
         pos += n as u64;
     }
     // The reference goes on past the output's end: a shorter output.
-    if diff.is_none() && read_up_to(&mut reference, &mut want[..1])? > 0 {
-        diff = Some(pos);
+    if diff.is_none() {
+        let more = read_up_to(&mut reference, &mut want[..DIFFERENCE_AFTER])?;
+        if more > 0 {
+            diff = Some(Difference {
+                at: pos,
+                got: Vec::new(),
+                want: want[..more].to_vec(),
+            });
+        }
     }
     Ok((pos, diff))
 }
@@ -716,6 +767,7 @@ fn record(
         output_bytes: exit.output_bytes,
         output_matched: outcome == "ok" && exit.first_difference.is_none(),
         first_difference: exit.first_difference,
+        difference: exit.difference.clone(),
         zmem,
         kernel,
         stderr_tail: exit.stderr_tail.clone(),
@@ -730,8 +782,10 @@ fn check(r: &RunRecord, program: &str, errors: &mut Vec<String>) {
         "ok" => r.first_difference.map(|at| {
             format!(
                 "{program}: {side}, run {}: the output differs from the plain run's at byte {at} \
-                 ({} bytes)",
-                r.rep, r.output_bytes
+                 ({} bytes); {}",
+                r.rep,
+                r.output_bytes,
+                r.difference.as_deref().unwrap_or("")
             )
         }),
         "failed" => Some(format!(
@@ -767,5 +821,44 @@ fn log_run(ctx: &Ctx<'_>, program: &str, r: &RunRecord) {
         eprintln!("{line}");
     } else {
         ctx.pb.println(line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, Write};
+
+    fn reference(bytes: &[u8]) -> std::fs::File {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f.rewind().unwrap();
+        f
+    }
+
+    #[test]
+    fn compare_shows_both_sides_around_the_first_difference() {
+        let want = b"300000 134999849999 1000 300000\n0 3 300009\n";
+        let got = b"300400 134999849999 1000 300000\n0 3 300009\n";
+        let (n, d) = compare(&got[..], reference(want)).unwrap();
+        assert_eq!(n, got.len() as u64);
+        let d = d.expect("a difference");
+        assert_eq!(d.at, 3);
+        assert_eq!(&d.got[..], &got[..]);
+        assert_eq!(&d.want[..], &want[..]);
+        assert!(d.describe().contains("got \"300400"), "{}", d.describe());
+
+        let (_, same) = compare(&want[..], reference(want)).unwrap();
+        assert!(same.is_none());
+        // A shorter output differs where it ends, and shows what the reference goes on with.
+        let (n, short) = compare(&want[..10], reference(want)).unwrap();
+        assert_eq!(n, 10);
+        let short = short.expect("a shorter output differs");
+        assert_eq!(short.at, 10);
+        assert!(short.got.is_empty());
+        assert_eq!(&short.want[..], &want[10..]);
+        // A longer one differs where the reference ends.
+        let (_, long) = compare(&got[..], reference(&want[..5])).unwrap();
+        assert_eq!(long.expect("a longer output differs").at, 3);
     }
 }
