@@ -165,14 +165,16 @@ impl Shared {
                 // Pushes stay within the capacity reserved up front (one fault per blocked
                 // thread: FORK_STASH is far above any thread count zmem serves).
                 loop {
-                    // Range events are applied at once, as outside a fork (`events`): the
-                    // program's threads go on meanwhile, and on the signal route they serve
-                    // their own faults in the range.
-                    let n = self.read_and_apply(s, msgs).unwrap_or(0);
+                    // Range events wait with the faults too: applying one may allocate (zmem's
+                    // own glibc arena), and the forking thread holds glibc's malloc locks from
+                    // here until the FORK event is read. Applied at once, an UNMAP deadlocked a
+                    // fork in CI (run_programs' heap_grow: the handler waited for the arena lock,
+                    // the fork for the handler). Until the fork is done a REMOVE is applied late
+                    // again (see `events`), a gap left open: a thread of the program that drops
+                    // memory, writes it again and has it evicted, all during another thread's
+                    // fork.
+                    let n = s.uffd.read_msgs(msgs).unwrap_or(0);
                     for m in &msgs[..n] {
-                        if crate::events::is_range_event(m) {
-                            continue;
-                        }
                         if m.event == uffd::EVENT_FORK {
                             // Counted until served (hand_off_children waits for it).
                             self.forks_unserved.fetch_add(1, AcqRel);

@@ -828,7 +828,8 @@ impl Shared {
                 self.on_fork(s, child);
                 Served::Done
             }
-            // Applied where they are read (`Shared::read_and_apply`); never dispatched.
+            // Applied where they are read (`Shared::read_and_apply`), except those read during
+            // a fork, which `fork_mode` defers with the faults.
             uffd::EVENT_REMOVE | uffd::EVENT_UNMAP | uffd::EVENT_REMAP => {
                 self.apply_range_event(s, &mut s.inner.lock(), m);
                 Served::Done
