@@ -9,7 +9,9 @@
 //! had written into the range since (mimalloc purges a range and hands it out again at once):
 //! a page written again and evicted meanwhile lost its new content (jq aborted and perl wrote
 //! wrong output under `zmem run` on a busy machine; test
-//! `a_page_reused_right_after_madvise_keeps_its_new_content`).
+//! `a_page_reused_right_after_madvise_keeps_its_new_content`). Events read during a fork are
+//! the exception: `fork_mode` defers them, since applying one may allocate while glibc's fork
+//! holds the malloc locks (see there).
 
 use std::time::Duration;
 
