@@ -235,23 +235,23 @@ impl Shared {
         // A run is mapped under the lock, which range events are applied under, so that no page
         // the program dropped meanwhile is mapped after the kernel's zap (see `Runs`): those
         // are left out, and the run shrinks to the pages around ours that none falls between.
-        if run > 1 {
+        let mut held = (run > 1).then(|| {
             let delay = self.run_delay_us.load(Relaxed);
             if delay > 0 {
                 std::thread::sleep(Duration::from_micros(delay));
             }
-        }
-        let mut held = (run > 1).then(|| s.inner.lock());
+            s.inner.lock()
+        });
         let (first, end) = match held.as_mut() {
             Some(inner) => {
                 let dropped = inner.runs.finish(lo) & !(1u64 << mine);
-                for k in (0..run).filter(|&k| dropped & (1u64 << k) != 0) {
+                let gone = |k: usize| dropped & (1u64 << k) != 0;
+                for k in (0..run).filter(|&k| gone(k)) {
                     if kinds[k] == Stored {
                         let _ = s.store.discard((lo + k) as u64);
                     }
                     kinds[k] = Absent;
                 }
-                let gone = |k: usize| dropped & (1u64 << k) != 0;
                 let first = (0..mine).rev().find(|&k| gone(k)).map_or(0, |k| k + 1);
                 let end = (mine + 1..run).find(|&k| gone(k)).unwrap_or(run);
                 (first, end)
