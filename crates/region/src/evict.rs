@@ -319,8 +319,22 @@ impl Shared {
             return None;
         }
         self.counters.staged_now.store(victims.len(), Relaxed);
-        // Move each victim out. A page still shared with a forked child (EBUSY) is unshared by
-        // a locked no-op write, which makes the kernel copy it for us, then moved.
+        let delay = self.move_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
+        // Move each victim out, a run of adjacent pages at a time, under the space lock, which
+        // range events are applied under: a victim the program dropped since it was picked
+        // (its REMOVE applied, so no longer Staged) is left where it is, since the page now at
+        // its address may be one the program wrote since, and a victim still Staged has its
+        // own content there (the kernel zaps a dropped range only after a handler read its
+        // event, which waits for this lock). Moved after the lock was released, a victim
+        // dropped and written again meanwhile took the program's new page away while the
+        // region counted it resident: the next touch read zeros (perl at `--resident 4M`,
+        // `a_page_dropped_and_written_again_while_it_was_being_evicted_keeps_its_new_content`).
+        // A page still shared with a forked child (EBUSY) is unshared by a locked no-op write,
+        // which makes the kernel copy it for us (a write to a present page: no userfault), then
+        // moved.
         let t_move = Instant::now();
         let mut outcome = [false; STAGING_SLOTS];
         let mut stale = [false; STAGING_SLOTS];
@@ -335,8 +349,11 @@ impl Shared {
             {
                 end += 1;
             }
+            let mut inner = s.inner.lock();
+            let staged =
+                |inner: &SpaceInner, j: usize| inner.state.get(victims[j] as usize) == Staged;
             let mut first = k;
-            if end - k > 1 {
+            if end - k > 1 && (k..end).all(|j| staged(&inner, j)) {
                 let src = s.page_addr(victims[k] as usize);
                 let dst = self.slots.addr(slots[k]);
                 let done = match s.uffd.move_run(dst, src, (end - k) * PAGE) {
@@ -351,6 +368,10 @@ impl Shared {
             for (slot, &v) in victims.iter().enumerate().take(end).skip(first) {
                 if aborted {
                     break;
+                }
+                if !staged(&inner, slot) {
+                    // Dropped since it was picked: `forget` let its slot and entry go.
+                    continue;
                 }
                 calls += 1;
                 let src = s.page_addr(v as usize);
@@ -373,13 +394,12 @@ impl Shared {
                 match r {
                     Ok(()) => outcome[slot] = true,
                     Err(e) if e.code() == libc::ENOENT => {
-                        // Nothing mapped: the program dropped it and the event is on its way.
-                        let mut inner = s.inner.lock();
-                        if inner.state.get(v as usize) == Staged {
-                            inner.state.set(v as usize, Absent);
-                            inner.staged.remove(&v);
-                            inner.drop_copy(&**s.store, v);
-                        }
+                        // Nothing mapped, though no event dropped it (applied under this lock):
+                        // a page counted resident that was not (see `Checks::moved_nothing`).
+                        self.counters.moved_nothing.fetch_add(1, Relaxed);
+                        inner.state.set(v as usize, Absent);
+                        inner.staged.remove(&v);
+                        inner.drop_copy(&**s.store, v);
                     }
                     Err(e) if e.code() == libc::EBADF => {
                         crate::manager::lost_descriptor(s.uffd.raw())
@@ -389,12 +409,9 @@ impl Shared {
                         // mlocked: the kernel moves pages only between areas of the same protection
                         // and locking. It stays resident, held outside the budget, until the
                         // program makes it writable again (Region::release_held).
-                        let mut inner = s.inner.lock();
-                        if inner.state.get(v as usize) == Staged {
-                            inner.state.set(v as usize, Resident);
-                            inner.staged.remove(&v);
-                            inner.hold(v);
-                        }
+                        inner.state.set(v as usize, Resident);
+                        inner.staged.remove(&v);
+                        inner.hold(v);
                         if !self.held_warned.swap(true, Relaxed) {
                             tracing::info!(
                                 "page {v} cannot be moved out (its protection or mlock differs): \
@@ -408,18 +425,16 @@ impl Shared {
                         } else {
                             tracing::warn!("UFFDIO_MOVE of page {v}: {e}; keeping it resident");
                         }
-                        let mut inner = s.inner.lock();
-                        if inner.state.get(v as usize) == Staged {
-                            inner.state.set(v as usize, Resident);
-                            inner.staged.remove(&v);
-                            inner.resident += 1;
-                            if let Some(t) = inner.tracker.as_mut() {
-                                t.insert_quiet(v);
-                            }
+                        inner.state.set(v as usize, Resident);
+                        inner.staged.remove(&v);
+                        inner.resident += 1;
+                        if let Some(t) = inner.tracker.as_mut() {
+                            t.insert_quiet(v);
                         }
                     }
                 }
             }
+            drop(inner);
             k = end;
         }
         if aborted {
@@ -526,6 +541,13 @@ impl Shared {
                 }
             }
         }
+        // `RegionConfig::verify_pages`: the sum of what each page was stored with.
+        let mut sums = [0u64; STAGING_SLOTS];
+        if s.inner.lock().sums.is_some() {
+            for slot in (0..victims.len()).filter(|&k| outcome[k]) {
+                sums[slot] = crate::verify::page_sum(page_at(slot));
+            }
+        }
         self.counters.add_ns(&self.counters.evict_store_ns, t_store);
         let mut evicted = 0;
         let mut incompressible = 0;
@@ -545,6 +567,9 @@ impl Shared {
                 if inner.state.get(i) == Staged && stored {
                     inner.state.set(i, Stored);
                     inner.staged.remove(&v);
+                    if let Some(sums_of) = inner.sums.as_mut() {
+                        sums_of.stored(v, sums[slot]);
+                    }
                     if kept[slot] == Kept::Clean {
                         // The copy is the stored page now, no longer a copy.
                         inner.copies.as_mut().map(|c| c.take(v));

@@ -87,6 +87,7 @@ impl Shared {
                 match s.uffd.copy(addr, slot as *const u8, PAGE) {
                     Ok(()) => {}
                     Err(e) if e.code() == libc::EEXIST => {
+                        self.counters.staged_present.fetch_add(1, Relaxed);
                         let _ = s.uffd.wake(addr, PAGE);
                     }
                     Err(e) if e.code() == libc::EAGAIN => return Served::Retry,
@@ -164,8 +165,18 @@ impl Shared {
             *kind = inner.state.get(lo + k);
         }
         let kinds = &mut kinds_buf[..run];
+        // `RegionConfig::verify_pages`: the sums the run's stored pages must come back with.
+        let mut expect = [0u64; 64];
+        if let Some(sums) = inner.sums.as_ref() {
+            for (k, e) in expect[..run].iter_mut().enumerate() {
+                if kinds[k] == Stored {
+                    *e = sums.expected(lo + k).unwrap_or(0);
+                }
+            }
+        }
         // A page mapped here that we believed resident is counted again below: take it out.
         if st == Resident {
+            self.counters.on_resident.fetch_add(1, Relaxed);
             inner.uncount_resident(idx as u32);
             inner.drop_copy(&**s.store, idx as u32);
             kinds[mine] = Absent;
@@ -196,15 +207,21 @@ impl Shared {
                     .read_batch((lo + at) as u64, &mut buf[at * PAGE..end * PAGE]);
                 let first = at;
                 at = end;
-                if let Err(e) = read {
-                    let k = match e.lost_page() {
-                        Some(index) if (lo + first..lo + end).contains(&(index as usize)) => {
-                            index as usize - lo
-                        }
-                        _ => first,
-                    };
+                let bad = match read {
+                    Err(e) => {
+                        let k = match e.lost_page() {
+                            Some(index) if (lo + first..lo + end).contains(&(index as usize)) => {
+                                index as usize - lo
+                            }
+                            _ => first,
+                        };
+                        tracing::error!("page {} of the region cannot be read back: {e}", lo + k);
+                        Some(k)
+                    }
+                    Ok(()) => self.check_sums(lo, &buf[..end * PAGE], &expect[first..end], first),
+                };
+                if let Some(k) = bad {
                     // Corrupt data must not become silently wrong memory: SIGBUS.
-                    tracing::error!("page {} of the region cannot be read back: {e}", lo + k);
                     let r = s.uffd.poison(s.page_addr(lo + k), PAGE);
                     let mut inner = s.inner.lock();
                     let _ = inner.runs.finish(lo);
@@ -387,6 +404,32 @@ impl Shared {
             .fault_around_pages
             .fetch_add(u64::from(mapped.count_ones()) - 1, Relaxed);
         Served::Done
+    }
+
+    /// `RegionConfig::verify_pages`: checks pages `first..` of a run starting at page `lo`,
+    /// read into `buf` (the run's buffer), against the sums they were stored with (`expect`,
+    /// from `first`; 0: none). The first page that differs, as its place in the run.
+    fn check_sums(&self, lo: usize, buf: &[u8], expect: &[u64], first: usize) -> Option<usize> {
+        let mut checked = 0;
+        for (j, &want) in expect.iter().enumerate().filter(|&(_, &w)| w != 0) {
+            let k = first + j;
+            let page = &buf[k * PAGE..(k + 1) * PAGE];
+            checked += 1;
+            if crate::verify::page_sum(page) != want {
+                self.counters.verified.fetch_add(checked, Relaxed);
+                self.counters.mismatches.fetch_add(1, Relaxed);
+                let zeros = page.iter().all(|&b| b == 0);
+                tracing::error!(
+                    "page {} came back from the store with other content than it was stored \
+                     with{} (verify_pages): poisoned",
+                    lo + k,
+                    if zeros { " (all zeros)" } else { "" }
+                );
+                return Some(k);
+            }
+        }
+        self.counters.verified.fetch_add(checked, Relaxed);
+        None
     }
 
     /// A fault served: a major one if its page came from the store.

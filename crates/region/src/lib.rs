@@ -34,6 +34,7 @@ mod state;
 mod stats;
 mod syscalls;
 mod uffd;
+mod verify;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -65,7 +66,7 @@ pub mod userfaultfd {
     pub use crate::uffd::{probe, OpenError, Opened, Probe, NEEDED, NEEDED_FEATURES};
 }
 pub use policy::Eviction;
-pub use stats::{HandlerTime, Latency, RegionStats};
+pub use stats::{Checks, HandlerTime, Latency, RegionStats};
 
 /// A range of memory that tiers itself. Use [`Region::as_ptr`] ..`+len()` as plain memory from
 /// any thread. Dropping it stops its threads, unmaps the range and frees every compressed page.
@@ -212,6 +213,9 @@ impl Region {
                 if cfg.clean_copies != CleanCopies::Off {
                     inner.copies = Some(copies::CleanCopies::new(pages));
                 }
+                if cfg.verify_pages {
+                    inner.sums = Some(verify::Sums::new(pages));
+                }
                 inner
             }),
             is_root: true,
@@ -263,6 +267,7 @@ impl Region {
             held_warned: AtomicBool::new(false),
             event_delay_us: AtomicU64::new(0),
             run_delay_us: AtomicU64::new(0),
+            move_delay_us: AtomicU64::new(0),
             incompressible_said: AtomicBool::new(false),
             store_full_ms: AtomicU64::new(0),
             store_full_said_ms: AtomicU64::new(0),
@@ -453,6 +458,13 @@ impl Region {
             copies_changed: c.copies_changed.load(Relaxed),
             copies_given_up: c.copies_given_up.load(Relaxed),
             put_backs_deferred: c.put_backs_deferred.load(Relaxed),
+            checks: Checks {
+                verified: c.verified.load(Relaxed),
+                mismatches: c.mismatches.load(Relaxed),
+                on_resident: c.on_resident.load(Relaxed),
+                staged_present: c.staged_present.load(Relaxed),
+                moved_nothing: c.moved_nothing.load(Relaxed),
+            },
             colocations: sh.colocation.pins(),
             fault_latency,
             handler_time: HandlerTime {
@@ -486,6 +498,15 @@ impl Region {
     pub fn delay_fault_around_for_tests(&self, delay: Duration) {
         self.shared()
             .run_delay_us
+            .store(delay.as_micros() as u64, Relaxed);
+    }
+
+    /// Tests only: an eviction batch waits `delay` between picking its victims and moving them
+    /// out, as an evictor preempted on a busy machine does.
+    #[doc(hidden)]
+    pub fn delay_moves_for_tests(&self, delay: Duration) {
+        self.shared()
+            .move_delay_us
             .store(delay.as_micros() as u64, Relaxed);
     }
 

@@ -155,6 +155,9 @@ pub(crate) struct SpaceInner {
     pub unsettled: Vec<u32>,
     /// A forked child's space: the pages zmem mapped into it, for eviction there (`child`).
     pub child: Option<crate::child::ChildPages>,
+    /// `RegionConfig::verify_pages` (the creator's space only): per page, the checksum of the
+    /// content it was last stored with (see `verify`).
+    pub sums: Option<crate::verify::Sums>,
 }
 
 /// Pages just faulted in are held back from the policy this long (in faults): the faulting
@@ -182,6 +185,7 @@ impl SpaceInner {
             copies: None,
             unsettled: Vec::new(),
             child: None,
+            sums: None,
         }
     }
 
@@ -412,6 +416,12 @@ pub(crate) struct Counters {
     pub copies_given_up: AtomicU64,
     /// Pages not stored whose put-back had to wait for a pending event (EAGAIN).
     pub put_backs_deferred: AtomicU64,
+    /// `RegionStats::checks`.
+    pub verified: AtomicU64,
+    pub mismatches: AtomicU64,
+    pub on_resident: AtomicU64,
+    pub staged_present: AtomicU64,
+    pub moved_nothing: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -493,6 +503,9 @@ pub(crate) struct Shared {
     /// Tests only (`Region::delay_fault_around_for_tests`): microseconds a fault waits between
     /// reading a run of pages and mapping it.
     pub run_delay_us: AtomicU64,
+    /// Tests only (`Region::delay_moves_for_tests`): microseconds an eviction batch waits
+    /// between picking its victims and moving them out.
+    pub move_delay_us: AtomicU64,
     /// Whether the first page kept back as incompressible was logged.
     pub incompressible_said: AtomicBool,
     /// When it last refused one (`evict::now_ms`): eviction pauses for

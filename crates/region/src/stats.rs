@@ -45,6 +45,24 @@ pub struct HandlerTime {
     pub evict_move_calls: u64,
 }
 
+/// Counts of what a correct run should rarely or never see: non-zero figures here point at a
+/// race (docs/DESIGN-NOTES.md, "Wrong output at 4M: perl, once").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checks {
+    /// Pages read back from the store and checked against their checksum
+    /// (`RegionConfig::verify_pages`), and those that differed (poisoned, never mapped).
+    pub verified: u64,
+    pub mismatches: u64,
+    /// Faults on a page zmem counted as resident: expected only where two threads fault on
+    /// one page (the second message comes after the first was served).
+    pub on_resident: u64,
+    /// Faults on a staged page that found it still mapped (`UFFDIO_COPY`: EEXIST).
+    pub staged_present: u64,
+    /// Victims with nothing mapped when moved out (`UFFDIO_MOVE`: ENOENT): expected only when
+    /// the program drops the page at that moment.
+    pub moved_nothing: u64,
+}
+
 /// Statistics of a region.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RegionStats {
@@ -129,6 +147,10 @@ pub struct RegionStats {
     pub colocations: u64,
     /// Fault resolution latency.
     pub fault_latency: Latency,
+    /// Events that a correct run should (almost) never see, and the page checks of
+    /// `RegionConfig::verify_pages`.
+    #[serde(default)]
+    pub checks: Checks,
     /// The handlers' time per step of a fault.
     #[serde(default)]
     pub handler_time: HandlerTime,

@@ -50,6 +50,9 @@ pub const ENV_FAULT_ROUTE: &str = "ZMEM_FAULT_ROUTE";
 /// Which pages faulted back keep their compressed copy (`--clean-copies`): `off`, `ssd` (the
 /// default: those read back from the SSD log) or `all` (see zmem_region's `CleanCopies`).
 pub const ENV_CLEAN_COPIES: &str = "ZMEM_CLEAN_COPIES";
+/// `1`: keep a checksum of every evicted page and check it when the page comes back
+/// (`--verify-pages`, a diagnostic; see zmem_region's `RegionConfig::verify_pages`).
+pub const ENV_VERIFY_PAGES: &str = "ZMEM_VERIFY_PAGES";
 /// Where the SSD tier's log lives (`--ssd`): a directory (an unnamed file there, gone when the
 /// process exits) or a block device; unset: no SSD tier.
 pub const ENV_SSD: &str = "ZMEM_SSD";
@@ -77,7 +80,7 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 22] = [
+pub const ALL_VARS: [&str; 23] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -90,6 +93,7 @@ pub const ALL_VARS: [&str; 22] = [
     ENV_ASYNC_SETTLE,
     ENV_FAULT_ROUTE,
     ENV_CLEAN_COPIES,
+    ENV_VERIFY_PAGES,
     ENV_SSD,
     ENV_SSD_SIZE,
     ENV_SSD_ENCRYPT,
@@ -152,6 +156,8 @@ pub struct RunConfig {
     pub async_settle: bool,
     pub fault_route: FaultRoute,
     pub clean_copies: CleanCopies,
+    /// See [`ENV_VERIFY_PAGES`].
+    pub verify_pages: bool,
     /// The SSD tier's log (see [`ENV_SSD`]), its size and whether it is encrypted.
     pub ssd: Option<PathBuf>,
     pub ssd_size: Option<u64>,
@@ -180,6 +186,7 @@ impl Default for RunConfig {
             async_settle: true,
             fault_route: FaultRoute::Handler,
             clean_copies: CleanCopies::Ssd,
+            verify_pages: false,
             ssd: None,
             ssd_size: None,
             ssd_encrypt: true,
@@ -270,6 +277,11 @@ impl RunConfig {
             Some(v) => CleanCopies::parse(&v)
                 .ok_or_else(|| invalid(ENV_CLEAN_COPIES, &v, "expected off, ssd or all"))?,
         };
+        c.verify_pages = match get(ENV_VERIFY_PAGES).as_deref() {
+            None | Some("0") | Some("") => false,
+            Some("1") => true,
+            Some(v) => return Err(invalid(ENV_VERIFY_PAGES, v, "expected 0 or 1")),
+        };
         c.ssd = get(ENV_SSD).filter(|s| !s.is_empty()).map(PathBuf::from);
         c.ssd_size = size(ENV_SSD_SIZE)?;
         c.ssd_encrypt = match get(ENV_SSD_ENCRYPT).as_deref() {
@@ -340,6 +352,9 @@ impl RunConfig {
         }
         if self.clean_copies != CleanCopies::default() {
             v.push((ENV_CLEAN_COPIES, self.clean_copies.name().into()));
+        }
+        if self.verify_pages {
+            v.push((ENV_VERIFY_PAGES, "1".into()));
         }
         if let Some(d) = &self.ssd {
             v.push((ENV_SSD, d.display().to_string()));
@@ -709,6 +724,7 @@ mod tests {
             async_settle: false,
             fault_route: FaultRoute::Signal,
             clean_copies: CleanCopies::All,
+            verify_pages: true,
             ssd: Some("/var/tmp".into()),
             ssd_size: Some(2 << 30),
             ssd_encrypt: false,
@@ -762,6 +778,7 @@ mod tests {
             (ENV_FAULT_ROUTE, "sigbus"),
             (ENV_ASYNC_SETTLE, "on"),
             (ENV_CLEAN_COPIES, "0"),
+            (ENV_VERIFY_PAGES, "yes"),
             (ENV_ON_ERROR, "ignore"),
             (ENV_RUN_PID, "0"),
             (ENV_RUN_PID, "me"),
