@@ -27,7 +27,8 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -322,16 +323,33 @@ impl Shared {
                 };
                 if inner.state.get(p as usize) == Resident {
                     // Staged in a child: a fault on it waits for this batch's wake-up, and a
-                    // program's madvise/munmap meanwhile turns it Absent (`forget`).
+                    // program's madvise/munmap waits for the batch too: its event is not read
+                    // while the batch is in flight (`Space::moving`), so the kernel cannot zap
+                    // the page and hand the child a new one that the batch would move out.
                     inner.state.set(p as usize, Staged);
                     victims[n] = p;
                     req.pages[n] = s.page_addr(p as usize) as u64;
                     n += 1;
                 }
             }
+            if n > 0 {
+                s.moving.store(true, Release);
+            }
         }
         if n == 0 {
             return 0;
+        }
+        /// Lets the child's events be read again once the batch is settled (however it ends).
+        struct Moving<'a>(&'a AtomicBool);
+        impl Drop for Moving<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Release);
+            }
+        }
+        let _moving = Moving(&s.moving);
+        let delay = self.move_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
         }
         req.n = n as u64;
         let reply = self.ask_child(l, &req);

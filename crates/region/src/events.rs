@@ -31,13 +31,18 @@ pub(crate) fn is_range_event(m: &Msg) -> bool {
 impl Shared {
     /// Reads a batch of messages from space `s`'s descriptor into `msgs` and applies its range
     /// events before the space lock is released (see the module's comment); the caller
-    /// dispatches the rest (`is_range_event` tells which were applied). How many were read.
+    /// dispatches the rest (`is_range_event` tells which were applied). How many were read (0
+    /// also while a child's eviction batch is in flight: nothing is read then).
     pub(crate) fn read_and_apply(
         &self,
         s: &Space,
         msgs: &mut [Msg],
     ) -> Result<usize, zmem_os::Errno> {
         let mut inner = s.inner.lock();
+        if s.moving.load(std::sync::atomic::Ordering::Acquire) {
+            // A child's batch is in flight: its events wait for it (see `Space::moving`).
+            return Ok(0);
+        }
         let n = s.uffd.read_msgs(msgs)?;
         let delay = self
             .event_delay_us

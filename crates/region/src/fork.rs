@@ -173,7 +173,13 @@ impl Shared {
                     // again (see `events`), a gap left open: a thread of the program that drops
                     // memory, writes it again and has it evicted, all during another thread's
                     // fork.
-                    let n = s.uffd.read_msgs(msgs).unwrap_or(0);
+                    let n = {
+                        let _inner = s.inner.lock();
+                        if s.moving.load(Acquire) {
+                            break; // a child's batch is in flight (see `Space::moving`)
+                        }
+                        s.uffd.read_msgs(msgs).unwrap_or(0)
+                    };
                     for m in &msgs[..n] {
                         if m.event == uffd::EVENT_FORK {
                             // Counted until served (hand_off_children waits for it).
@@ -428,6 +434,7 @@ impl Shared {
             dead: AtomicBool::new(false),
             link: Mutex::new(link),
             asks,
+            moving: AtomicBool::new(false),
         })
     }
 

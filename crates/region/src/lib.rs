@@ -222,6 +222,7 @@ impl Region {
             dead: AtomicBool::new(false),
             link: Mutex::new(None),
             asks: None,
+            moving: AtomicBool::new(false),
         };
         let shared = Arc::new(Shared {
             root: Arc::new(root),
@@ -501,8 +502,8 @@ impl Region {
             .store(delay.as_micros() as u64, Relaxed);
     }
 
-    /// Tests only: an eviction batch waits `delay` between picking its victims and moving them
-    /// out, as an evictor preempted on a busy machine does.
+    /// Tests only: an eviction batch (the creator's or a forked child's) waits `delay` between
+    /// picking its victims and moving them out, as an evictor preempted on a busy machine does.
     #[doc(hidden)]
     pub fn delay_moves_for_tests(&self, delay: Duration) {
         self.shared()

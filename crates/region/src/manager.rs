@@ -57,6 +57,11 @@ pub(crate) struct Space {
     /// On the signal route, a forked process's family link, on which it asks for its faults
     /// (`forked`), and whether this space is the child the link was made for.
     pub asks: Option<(Arc<crate::forked::FaultLink>, bool)>,
+    /// A forked child's eviction batch is in flight (`Shared::evict_child_batch`): its
+    /// thread may still move any of the batch's pages, so the child's events wait unread until
+    /// it is done (a page dropped and written again meanwhile would be moved out). Set and
+    /// checked under `inner`; read without it only to leave the descriptor out of a poll.
+    pub moving: AtomicBool,
 }
 
 /// A fault's step from the run before it (fault-around follows two in a row).
@@ -591,10 +596,15 @@ impl Shared {
                     revents: 0,
                 });
             }
+            // A child whose eviction batch is in flight is not read until it is done (see
+            // `Space::moving`): left out of the poll, looked at again within a millisecond.
+            let mut moving = false;
             for s in &spaces {
+                let wait = s.moving.load(Relaxed);
+                moving |= wait;
                 fds.push(libc::pollfd {
                     fd: s.uffd.raw(),
-                    events: libc::POLLIN,
+                    events: if wait { 0 } else { libc::POLLIN },
                     revents: 0,
                 });
             }
@@ -611,7 +621,7 @@ impl Shared {
                 }
             }
             let assisting = crate::signal::ASSIST_PENDING.load(Relaxed) != 0;
-            let timeout = if deferred.is_empty() && !assisting {
+            let timeout = if deferred.is_empty() && !assisting && !moving {
                 200
             } else {
                 1

@@ -186,3 +186,68 @@ fn a_child_whose_parent_vanishes_is_stopped_rather_than_shown_zeros() {
         said as char
     );
 }
+
+/// A forked child that drops pages while the parent is evicting them from it (the batch picked,
+/// its move not made yet) and writes them again keeps what it wrote: the batch must not move
+/// the new pages out (they would read as zeros after). The delay stands for an evictor
+/// preempted between picking and asking the child's thread.
+#[test]
+fn a_child_page_dropped_and_written_again_during_its_eviction_keeps_its_new_content() {
+    let budget = 2 * MIB;
+    let Some(r) = region(32 * MIB, budget) else {
+        return;
+    };
+    // The child's share is a quarter of the budget (128 pages); it maps a little more than
+    // that, so the evictor (not its own faults) takes batches of its oldest pages.
+    let touched = 176;
+    fill_all(&r, 7);
+    // The parent's own eviction done first: only the child's batches wait.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    r.delay_moves_for_tests(std::time::Duration::from_millis(300));
+    // SAFETY: the child only touches memory, calls madvise, nanosleep and _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = child_drops_and_rewrites(&r, touched);
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    wait_for_child(pid);
+    r.delay_moves_for_tests(std::time::Duration::ZERO);
+    let st = r.stats();
+    assert!(st.forks >= 1, "{st:?}");
+}
+
+/// In the child: map `touched` pages, give the evictor time to pick a batch of them, then drop
+/// them all, write them again and check them once the batch is over. Exit codes name the
+/// failure.
+fn child_drops_and_rewrites(r: &zmem_region::Region, touched: usize) -> i32 {
+    for i in 0..touched {
+        if !matches(page_mut(r, i), i, 7) {
+            return 10;
+        }
+    }
+    let nap = |ms: i64| {
+        let t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: ms * 1_000_000,
+        };
+        // SAFETY: a valid timespec; no remainder wanted.
+        unsafe { libc::nanosleep(&t, std::ptr::null_mut()) };
+    };
+    nap(100);
+    // SAFETY: pages of the region in this process; their content is written again below.
+    if unsafe { libc::madvise(r.as_ptr().cast(), touched * PAGE, libc::MADV_DONTNEED) } != 0 {
+        return 11;
+    }
+    for i in 0..touched {
+        fill(page_mut(r, i), i, 9);
+    }
+    nap(500);
+    for i in 0..touched {
+        if !matches(page_mut(r, i), i, 9) {
+            return 12;
+        }
+    }
+    0
+}
