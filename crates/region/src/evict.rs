@@ -394,8 +394,9 @@ impl Shared {
                 match r {
                     Ok(()) => outcome[slot] = true,
                     Err(e) if e.code() == libc::ENOENT => {
-                        // Nothing mapped, though no event dropped it (applied under this lock):
-                        // a page counted resident that was not (see `Checks::moved_nothing`).
+                        // Nothing mapped: the program unmapped it (munmap's UNMAP event comes
+                        // after the pages are gone, unlike madvise's REMOVE, which waits for
+                        // this lock), or a page counted resident was not (`Checks::moved_nothing`).
                         self.counters.moved_nothing.fetch_add(1, Relaxed);
                         inner.state.set(v as usize, Absent);
                         inner.staged.remove(&v);

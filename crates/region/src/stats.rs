@@ -59,7 +59,8 @@ pub struct Checks {
     /// Faults on a staged page that found it still mapped (`UFFDIO_COPY`: EEXIST).
     pub staged_present: u64,
     /// Victims with nothing mapped when moved out (`UFFDIO_MOVE`: ENOENT): expected only when
-    /// the program drops the page at that moment.
+    /// the program unmaps the page at that moment (munmap, mremap: their events come after the
+    /// pages are gone).
     pub moved_nothing: u64,
 }
 
