@@ -173,13 +173,14 @@ impl Shared {
                     // again (see `events`), a gap left open: a thread of the program that drops
                     // memory, writes it again and has it evicted, all during another thread's
                     // fork.
-                    let n = {
-                        let _inner = s.inner.lock();
-                        if s.moving.load(Acquire) {
-                            break; // a child's batch is in flight (see `Space::moving`)
-                        }
-                        s.uffd.read_msgs(msgs).unwrap_or(0)
-                    };
+                    // Not while a child's batch is in flight (`Space::moving`), checked without
+                    // the space lock: a program thread on the signal route may hold it while it
+                    // waits for glibc's malloc lock, which the forking thread holds until this
+                    // loop reads its FORK event (taking the lock here hung a fork in CI).
+                    if s.moving.load(Acquire) {
+                        break;
+                    }
+                    let n = s.uffd.read_msgs(msgs).unwrap_or(0);
                     for m in &msgs[..n] {
                         if m.event == uffd::EVENT_FORK {
                             // Counted until served (hand_off_children waits for it).
