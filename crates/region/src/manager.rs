@@ -59,8 +59,10 @@ pub(crate) struct Space {
     pub asks: Option<(Arc<crate::forked::FaultLink>, bool)>,
     /// A forked child's eviction batch is in flight (`Shared::evict_child_batch`): its
     /// thread may still move any of the batch's pages, so the child's events wait unread until
-    /// it is done (a page dropped and written again meanwhile would be moved out). Set and
-    /// checked under `inner`; read without it only to leave the descriptor out of a poll.
+    /// it is done (a page dropped and written again meanwhile would be moved out). Set under
+    /// `inner` with the batch's Staged marks and checked under it (`read_and_apply`); cleared
+    /// once the batch is settled; read without the lock to leave the descriptor out of a poll
+    /// and in `fork_mode`.
     pub moving: AtomicBool,
 }
 
