@@ -544,7 +544,7 @@ impl Shared {
         }
         // `RegionConfig::verify_pages`: the sum of what each page was stored with.
         let mut sums = [0u64; STAGING_SLOTS];
-        if s.inner.lock().sums.is_some() {
+        if self.verify_pages {
             for slot in (0..victims.len()).filter(|&k| outcome[k]) {
                 sums[slot] = crate::verify::page_sum(page_at(slot));
             }

@@ -240,6 +240,7 @@ impl Region {
             fault_around: cfg.fault_around,
             evict_group,
             clean_copies: cfg.clean_copies,
+            verify_pages: cfg.verify_pages,
             put_backs: Mutex::new(Vec::new()),
             run_pages: AtomicUsize::new(0),
             evict_lock: Mutex::new(()),

@@ -464,6 +464,8 @@ pub(crate) struct Shared {
     pub evict_group: usize,
     /// `RegionConfig::clean_copies`.
     pub clean_copies: crate::CleanCopies,
+    /// `RegionConfig::verify_pages` (the root space then keeps `SpaceInner::sums`).
+    pub verify_pages: bool,
     /// Pages an eviction batch could not put back (EAGAIN), with their staging slot and whether
     /// they go back as incompressible: retried by the next batch (`Shared::retry_put_backs`).
     pub put_backs: Mutex<Vec<(u32, crate::slots::Slot, bool)>>,
