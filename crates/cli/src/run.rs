@@ -121,6 +121,11 @@ pub struct RunArgs {
     /// eviction and per fault.
     #[arg(long)]
     pub verify_pages: bool,
+    /// A diagnostic: keep each heap page's last state changes (which line of zmem made each,
+    /// on which thread, when), and if the program dies of SIGSEGV print the pages its
+    /// registers point into with their histories. Costs 128 bytes per page touched.
+    #[arg(long)]
+    pub trace_pages: bool,
     /// Write the final statistics as JSON here.
     #[arg(long)]
     pub stats: Option<PathBuf>,
@@ -270,6 +275,7 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
             CleanCopiesArg::All => CleanCopies::All,
         },
         verify_pages: a.verify_pages,
+        trace_pages: a.trace_pages,
         // Absolute, like --stats.
         ssd: a
             .ssd

@@ -709,6 +709,45 @@ fn c_malloc_stress() {
     );
 }
 
+/// `--trace-pages`: a program that dies of SIGSEGV following a pointer it read from an evicted
+/// and faulted-back heap page gets a report naming that page (through the register that points
+/// at it) with its history: evicted (Staged, Stored) and brought back by a fault.
+#[test]
+fn a_crash_report_names_the_heap_page_and_its_history() {
+    if !ready() {
+        return;
+    }
+    let dir = tmpdir();
+    let prog = compile("crash_in_heap", dir.path(), &[]);
+    let mut cmd = zmem_cmd(&["run", "--resident", "4M", "--trace-pages", "--"]);
+    cmd.arg(&prog);
+    let out = run_to_end(cmd, dir.path(), "crash", Duration::from_secs(120));
+    assert_eq!(
+        out.code, None,
+        "the program should die of SIGSEGV: {}",
+        out.stderr
+    );
+    let report = out
+        .stderr
+        .split_once("zmem: SIGSEGV at 0x4 (trace_pages report)")
+        .unwrap_or_else(|| panic!("no crash report: {}", tail(&out.stderr)))
+        .1;
+    let rdi = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("rdi = "))
+        .unwrap_or_else(|| panic!("rdi does not point into the region: {report}"));
+    assert!(rdi.contains("now Resident"), "{report}");
+    for change in [
+        "Resident -> Staged",
+        "Staged -> Stored",
+        "Stored -> Faulting",
+        "Faulting -> Resident",
+    ] {
+        assert!(report.contains(change), "no {change:?} in: {report}");
+    }
+    assert!(report.contains("crates/region/src/fault.rs:"), "{report}");
+}
+
 /// The SSD tier under `zmem run`: the stress's data goes from DRAM to the compressed store and
 /// on to the log (the store limit is far below the data), comes back exact, and the run's
 /// report shows the tier.

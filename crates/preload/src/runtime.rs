@@ -149,6 +149,7 @@ fn init() -> Result<(), InitError> {
     rc.async_settle = config.async_settle;
     rc.clean_copies = config.clean_copies;
     rc.verify_pages = config.verify_pages;
+    rc.trace_pages = config.trace_pages;
     rc.store_limit = config.effective_store_limit();
     rc.fault_route = config.fault_route;
     // A whole program on the signal route needs its system calls guarded (see zmem_region's

@@ -155,6 +155,11 @@ pub struct RegionConfig {
     /// that comes back different is poisoned (SIGBUS) and counted in `RegionStats::checks`,
     /// never handed to the program. For finding zmem bugs (`zmem run --verify-pages`).
     pub verify_pages: bool,
+    /// A diagnostic: keep each page's last state changes (which line of zmem, which thread,
+    /// when; 128 bytes per page touched, a `gettid` per change), and when the program dies of
+    /// SIGSEGV print the pages its registers point into with their histories (stderr). For
+    /// finding how a page lost its content (`zmem run --trace-pages`).
+    pub trace_pages: bool,
 }
 
 /// The default of [`RegionConfig::evict_group`] for a policy: 1 (each page alone) for every
@@ -231,6 +236,7 @@ impl RegionConfig {
             fault_route: FaultRoute::Handler,
             guard_syscalls: false,
             verify_pages: false,
+            trace_pages: false,
         }
     }
 

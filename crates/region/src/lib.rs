@@ -33,6 +33,7 @@ mod slots;
 mod state;
 mod stats;
 mod syscalls;
+mod trace;
 mod uffd;
 mod verify;
 
@@ -207,7 +208,11 @@ impl Region {
             store: std::mem::ManuallyDrop::new(store),
             inner: Mutex::new({
                 let mut inner = SpaceInner::new(
-                    StateTable::new(pages),
+                    if cfg.trace_pages {
+                        StateTable::with_history(pages)
+                    } else {
+                        StateTable::new(pages)
+                    },
                     Some(Tracker::new(pages, cfg.eviction)),
                 );
                 if cfg.clean_copies != CleanCopies::Off {
@@ -288,6 +293,9 @@ impl Region {
                 cfg.colocate && cfg.handler_threads == 1 && zmem_os::thread::cpus_available() > 1,
             ),
         });
+        if cfg.trace_pages {
+            trace::watch(&shared);
+        }
         let interval = adaptive.as_ref().map(|a| a.interval());
         let history = adaptive.as_ref().map(|a| a.history.clone());
         let mut region_obj = Region {

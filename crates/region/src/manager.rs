@@ -242,6 +242,7 @@ impl SpaceInner {
 
     /// The program dropped page `i` (or its content became unknown): release what it held and
     /// give it state `to`. A Staged page's evictor sees the change and drops what it stored.
+    #[track_caller]
     pub fn forget(&mut self, store: &dyn BackingStore, i: usize, to: PageState) {
         match self.state.get(i) {
             PageState::Resident => {

@@ -31,7 +31,7 @@ pub(crate) enum PageState {
 use PageState::*;
 
 impl PageState {
-    fn from_u8(b: u8) -> PageState {
+    pub(crate) fn from_u8(b: u8) -> PageState {
         match b {
             0 => Absent,
             1 => Resident,
@@ -76,6 +76,8 @@ const CHUNK: usize = 512;
 pub(crate) struct StateTable {
     states: Vec<u8>,
     touched: Vec<u64>,
+    /// `RegionConfig::trace_pages`: each page's last changes (see `trace`).
+    history: Option<Box<crate::trace::History>>,
 }
 
 impl StateTable {
@@ -84,7 +86,20 @@ impl StateTable {
         StateTable {
             states: vec![Absent as u8; pages],
             touched: vec![0; pages.div_ceil(CHUNK).div_ceil(64)],
+            history: None,
         }
+    }
+
+    /// As [`StateTable::new`], recording each page's last changes (`RegionConfig::trace_pages`).
+    pub fn with_history(pages: usize) -> StateTable {
+        StateTable {
+            history: Some(Box::new(crate::trace::History::new(pages))),
+            ..StateTable::new(pages)
+        }
+    }
+
+    pub fn history(&self) -> Option<&crate::trace::History> {
+        self.history.as_deref()
     }
 
     pub fn get(&self, page: usize) -> PageState {
@@ -100,12 +115,17 @@ impl StateTable {
     }
 
     /// Changes a page's state (a legal transition, see [`PageState::can_become`]).
+    #[track_caller]
     pub fn set(&mut self, page: usize, to: PageState) {
         debug_assert!(
             self.get(page).can_become(to),
             "page {page}: {:?} cannot become {to:?}",
             self.get(page)
         );
+        let from = self.get(page);
+        if let Some(h) = self.history.as_mut() {
+            h.record(page, from, to, std::panic::Location::caller());
+        }
         self.states[page] = to as u8;
         self.mark(page, to);
     }

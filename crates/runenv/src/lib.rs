@@ -53,6 +53,9 @@ pub const ENV_CLEAN_COPIES: &str = "ZMEM_CLEAN_COPIES";
 /// `1`: keep a checksum of every evicted page and check it when the page comes back
 /// (`--verify-pages`, a diagnostic; see zmem_region's `RegionConfig::verify_pages`).
 pub const ENV_VERIFY_PAGES: &str = "ZMEM_VERIFY_PAGES";
+/// `1`: keep each page's last state changes and print them for the pages a crashing program
+/// used (`--trace-pages`, a diagnostic; see zmem_region's `RegionConfig::trace_pages`).
+pub const ENV_TRACE_PAGES: &str = "ZMEM_TRACE_PAGES";
 /// Where the SSD tier's log lives (`--ssd`): a directory (an unnamed file there, gone when the
 /// process exits) or a block device; unset: no SSD tier.
 pub const ENV_SSD: &str = "ZMEM_SSD";
@@ -80,7 +83,7 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 23] = [
+pub const ALL_VARS: [&str; 24] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -94,6 +97,7 @@ pub const ALL_VARS: [&str; 23] = [
     ENV_FAULT_ROUTE,
     ENV_CLEAN_COPIES,
     ENV_VERIFY_PAGES,
+    ENV_TRACE_PAGES,
     ENV_SSD,
     ENV_SSD_SIZE,
     ENV_SSD_ENCRYPT,
@@ -158,6 +162,8 @@ pub struct RunConfig {
     pub clean_copies: CleanCopies,
     /// See [`ENV_VERIFY_PAGES`].
     pub verify_pages: bool,
+    /// See [`ENV_TRACE_PAGES`].
+    pub trace_pages: bool,
     /// The SSD tier's log (see [`ENV_SSD`]), its size and whether it is encrypted.
     pub ssd: Option<PathBuf>,
     pub ssd_size: Option<u64>,
@@ -187,6 +193,7 @@ impl Default for RunConfig {
             fault_route: FaultRoute::Handler,
             clean_copies: CleanCopies::Ssd,
             verify_pages: false,
+            trace_pages: false,
             ssd: None,
             ssd_size: None,
             ssd_encrypt: true,
@@ -282,6 +289,11 @@ impl RunConfig {
             Some("1") => true,
             Some(v) => return Err(invalid(ENV_VERIFY_PAGES, v, "expected 0 or 1")),
         };
+        c.trace_pages = match get(ENV_TRACE_PAGES).as_deref() {
+            None | Some("0") | Some("") => false,
+            Some("1") => true,
+            Some(v) => return Err(invalid(ENV_TRACE_PAGES, v, "expected 0 or 1")),
+        };
         c.ssd = get(ENV_SSD).filter(|s| !s.is_empty()).map(PathBuf::from);
         c.ssd_size = size(ENV_SSD_SIZE)?;
         c.ssd_encrypt = match get(ENV_SSD_ENCRYPT).as_deref() {
@@ -355,6 +367,9 @@ impl RunConfig {
         }
         if self.verify_pages {
             v.push((ENV_VERIFY_PAGES, "1".into()));
+        }
+        if self.trace_pages {
+            v.push((ENV_TRACE_PAGES, "1".into()));
         }
         if let Some(d) = &self.ssd {
             v.push((ENV_SSD, d.display().to_string()));
@@ -725,6 +740,7 @@ mod tests {
             fault_route: FaultRoute::Signal,
             clean_copies: CleanCopies::All,
             verify_pages: true,
+            trace_pages: true,
             ssd: Some("/var/tmp".into()),
             ssd_size: Some(2 << 30),
             ssd_encrypt: false,

@@ -1,0 +1,247 @@
+//! `RegionConfig::trace_pages`, a diagnostic: each page keeps its last [`HISTORY`] changes of
+//! state (which line of zmem made it, on which thread, when), and when the program dies of
+//! SIGSEGV the pages its registers point into are printed with their histories. It answers
+//! "how did this page lose its content" for a crash that happens once in ten runs (perl at
+//! `--resident 4M`, DESIGN-NOTES "Next steps for regions"), where a debugger cannot be
+//! attached in time and a core dump shows evicted pages as missing.
+//!
+//! The history is written where the state is (`StateTable::set`, under the space lock), so
+//! it costs a `gettid` and two stores per change; the table is allocated zeroed, so only the
+//! pages ever touched cost memory (128 bytes each).
+
+use std::panic::Location;
+use std::sync::{Arc, Once, Weak};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::manager::Shared;
+use crate::state::PageState;
+
+/// Changes of state kept per page.
+pub(crate) const HISTORY: usize = 8;
+
+/// One page's history: HISTORY entries of (caller's `Location`, packed word), a ring.
+type Ring = [u64; 2 * HISTORY];
+
+pub(crate) struct History {
+    rings: Vec<Ring>,
+    /// Per page: how many changes were recorded (the ring's next entry is this mod HISTORY).
+    counts: Vec<u32>,
+    start: Instant,
+}
+
+impl History {
+    pub fn new(pages: usize) -> History {
+        History {
+            rings: vec![[0; 2 * HISTORY]; pages],
+            counts: vec![0; pages],
+            start: Instant::now(),
+        }
+    }
+
+    /// Page `page` went from `from` to `to` at the caller's `at`.
+    pub fn record(
+        &mut self,
+        page: usize,
+        from: PageState,
+        to: PageState,
+        at: &'static Location<'static>,
+    ) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u64 & 0xff_ffff;
+        let us = (self.start.elapsed().as_micros() as u64) & 0xffff_ffff;
+        let word = from as u64 | (to as u64) << 4 | tid << 8 | us << 32;
+        let n = self.counts[page] as usize;
+        let ring = &mut self.rings[page];
+        ring[2 * (n % HISTORY)] = at as *const Location<'static> as u64;
+        ring[2 * (n % HISTORY) + 1] = word;
+        self.counts[page] = self.counts[page].wrapping_add(1);
+    }
+
+    /// Page `page`'s recorded changes, oldest first: one line each.
+    pub fn describe(&self, page: usize) -> Vec<String> {
+        let n = self.counts[page] as usize;
+        let ring = &self.rings[page];
+        (n.saturating_sub(HISTORY)..n)
+            .map(|k| {
+                let at = ring[2 * (k % HISTORY)] as *const Location<'static>;
+                let word = ring[2 * (k % HISTORY) + 1];
+                // SAFETY: written by `record` from a `&'static Location`.
+                let at = unsafe { &*at };
+                format!(
+                    "{:>12.6} s  tid {:<7} {:?} -> {:?}  at {}:{}",
+                    (word >> 32) as f64 / 1e6,
+                    (word >> 8) & 0xff_ffff,
+                    PageState::from_u8((word & 0xf) as u8),
+                    PageState::from_u8(((word >> 4) & 0xf) as u8),
+                    at.file(),
+                    at.line()
+                )
+            })
+            .collect()
+    }
+
+    pub fn changes(&self, page: usize) -> u32 {
+        self.counts[page]
+    }
+}
+
+/// Regions whose pages are traced, for the crash report.
+static TRACED: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+static INSTALL: Once = Once::new();
+
+/// Lists region `shared` for the crash report and installs the SIGSEGV handler (once).
+pub(crate) fn watch(shared: &Arc<Shared>) {
+    let mut t = TRACED.lock();
+    t.retain(|w| w.strong_count() > 0);
+    t.push(Arc::downgrade(shared));
+    drop(t);
+    INSTALL.call_once(|| {
+        // SAFETY: a zeroed sigaction is a valid "no handler, empty mask" value; ours takes
+        // SA_SIGINFO and runs once (SA_RESETHAND: the fault repeats with the default action).
+        unsafe {
+            let mut new: libc::sigaction = std::mem::zeroed();
+            new.sa_sigaction = on_sigsegv as *const () as usize;
+            new.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND | libc::SA_ONSTACK;
+            if libc::sigaction(libc::SIGSEGV, &new, std::ptr::null_mut()) != 0 {
+                tracing::warn!("trace_pages: no crash report (sigaction(SIGSEGV) failed)");
+            }
+        }
+    });
+}
+
+/// The registers of a signal's context (x86_64), by name.
+fn registers(ctx: *mut libc::c_void) -> Vec<(&'static str, usize)> {
+    const NAMES: [(&str, libc::c_int); 17] = [
+        ("r8", libc::REG_R8),
+        ("r9", libc::REG_R9),
+        ("r10", libc::REG_R10),
+        ("r11", libc::REG_R11),
+        ("r12", libc::REG_R12),
+        ("r13", libc::REG_R13),
+        ("r14", libc::REG_R14),
+        ("r15", libc::REG_R15),
+        ("rdi", libc::REG_RDI),
+        ("rsi", libc::REG_RSI),
+        ("rbp", libc::REG_RBP),
+        ("rbx", libc::REG_RBX),
+        ("rdx", libc::REG_RDX),
+        ("rax", libc::REG_RAX),
+        ("rcx", libc::REG_RCX),
+        ("rsp", libc::REG_RSP),
+        ("rip", libc::REG_RIP),
+    ];
+    if ctx.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: the kernel passes a valid ucontext_t to an SA_SIGINFO handler.
+    let uc = unsafe { &*(ctx as *const libc::ucontext_t) };
+    NAMES
+        .iter()
+        .map(|&(n, r)| (n, uc.uc_mcontext.gregs[r as usize] as usize))
+        .collect()
+}
+
+extern "C" fn on_sigsegv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() as usize };
+    let regs = registers(ctx);
+    let report =
+        std::panic::catch_unwind(|| zmem_os::thread::as_zmem(|| crash_report(addr, &regs)))
+            .unwrap_or_else(|_| "zmem: trace_pages: the crash report failed\n".into());
+    // SAFETY: writing our own buffer to stderr.
+    unsafe { libc::write(2, report.as_ptr().cast(), report.len()) };
+    // Returning runs the access again, now under the default action (SA_RESETHAND).
+}
+
+/// The report for a SIGSEGV at `addr` with registers `regs`: every region page the address or
+/// a register points into, with its state and history.
+fn crash_report(addr: usize, regs: &[(&str, usize)]) -> String {
+    let mut out = format!("zmem: SIGSEGV at {addr:#x} (trace_pages report)\n");
+    let regions: Vec<Arc<Shared>> = match TRACED.try_lock() {
+        Some(t) => t.iter().filter_map(Weak::upgrade).collect(),
+        None => return out + "zmem: the list of traced regions is locked: no report\n",
+    };
+    let mut seen = Vec::new();
+    for (name, value) in std::iter::once(("si_addr", addr)).chain(regs.iter().copied()) {
+        for r in &regions {
+            let s = &r.root;
+            let Some(page) = s.index_of(value) else {
+                continue;
+            };
+            if seen.contains(&(s.base, page)) {
+                out += &format!("  {name} = {value:#x}: page {page} (above)\n");
+                continue;
+            }
+            seen.push((s.base, page));
+            // The crashing thread may hold the lock (it crashed inside zmem): read anyway, it
+            // is a report.
+            let guard = s.inner.try_lock_for(std::time::Duration::from_millis(200));
+            // SAFETY: read-only, for a report; racy only if a zmem thread changes it now.
+            let inner = match &guard {
+                Some(g) => &**g,
+                None => unsafe { &*s.inner.data_ptr() },
+            };
+            out += &format!(
+                "  {name} = {value:#x}: page {page} at {:#x}, now {:?}{}\n",
+                s.page_addr(page),
+                inner.state.get(page),
+                if guard.is_none() {
+                    " (read unlocked)"
+                } else {
+                    ""
+                }
+            );
+            match inner.state.history() {
+                Some(h) => {
+                    out += &format!("    {} changes; the last ones:\n", h.changes(page));
+                    for line in h.describe(page) {
+                        out += &format!("    {line}\n");
+                    }
+                }
+                None => out += "    no history (not the creator's space)\n",
+            }
+        }
+    }
+    let c = regions.first().map(|r| &r.counters);
+    if let Some(c) = c {
+        use std::sync::atomic::Ordering::Relaxed;
+        out += &format!(
+            "  checks: on_resident {} staged_present {} moved_nothing {} mismatches {}\n",
+            c.on_resident.load(Relaxed),
+            c.staged_present.load(Relaxed),
+            c.moved_nothing.load(Relaxed),
+            c.mismatches.load(Relaxed)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::PageState::*;
+
+    #[test]
+    fn a_page_keeps_its_last_changes_in_order_with_their_callers() {
+        let mut h = History::new(4);
+        let here = Location::caller();
+        h.record(2, Absent, Faulting, here);
+        h.record(2, Faulting, Resident, here);
+        let lines = h.describe(2);
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].contains("Absent -> Faulting"), "{lines:?}");
+        assert!(lines[1].contains("Faulting -> Resident"), "{lines:?}");
+        assert!(lines[1].contains(&format!("trace.rs:{}", here.line())));
+        assert!(h.describe(1).is_empty());
+        // The ring keeps the last HISTORY changes.
+        for _ in 0..HISTORY {
+            h.record(2, Resident, Staged, here);
+        }
+        let lines = h.describe(2);
+        assert_eq!(lines.len(), HISTORY);
+        assert!(lines.iter().all(|l| l.contains("Resident -> Staged")));
+        assert_eq!(h.changes(2), HISTORY as u32 + 2);
+    }
+}
