@@ -169,6 +169,22 @@ pub fn pages_in_core(ptr: *const u8, len: usize) -> Option<Vec<usize>> {
     })
 }
 
+/// Whether the page holding `addr` is mapped now (mincore; a page of the zero page or one being
+/// migrated counts as mapped). None if the kernel refuses (the address is not mapped memory).
+/// Allocates nothing: for zmem's fault and eviction paths.
+pub fn page_mapped(addr: usize) -> Option<bool> {
+    let mut v = 0u8;
+    // SAFETY: one page of our own address space; the kernel writes one byte to `v`.
+    let r = unsafe {
+        libc::mincore(
+            (addr & !(crate::PAGE_SIZE - 1)) as *mut libc::c_void,
+            crate::PAGE_SIZE,
+            &mut v,
+        )
+    };
+    (r == 0).then_some(v & 1 != 0)
+}
+
 /// `struct pm_scan_arg` of the PAGEMAP_SCAN ioctl (linux/fs.h, Linux 6.7+).
 #[repr(C)]
 struct PmScanArg {

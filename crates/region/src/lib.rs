@@ -275,6 +275,7 @@ impl Region {
             event_delay_us: AtomicU64::new(0),
             run_delay_us: AtomicU64::new(0),
             move_delay_us: AtomicU64::new(0),
+            unreported_moves: AtomicUsize::new(0),
             incompressible_said: AtomicBool::new(false),
             store_full_ms: AtomicU64::new(0),
             store_full_said_ms: AtomicU64::new(0),
@@ -474,6 +475,7 @@ impl Region {
                 on_resident: c.on_resident.load(Relaxed),
                 staged_present: c.staged_present.load(Relaxed),
                 moved_nothing: c.moved_nothing.load(Relaxed),
+                moved_unreported: c.moved_unreported.load(Relaxed),
             },
             colocations: sh.colocation.pins(),
             fault_latency,
@@ -518,6 +520,14 @@ impl Region {
         self.shared()
             .move_delay_us
             .store(delay.as_micros() as u64, Relaxed);
+    }
+
+    /// Tests only: each eviction run that moves whole is handled as if the kernel had reported
+    /// it cut `pages` pages short (the pages it did move then look unmoved to the page-by-page
+    /// pass that follows a cut run).
+    #[doc(hidden)]
+    pub fn report_moves_short_for_tests(&self, pages: usize) {
+        self.shared().unreported_moves.store(pages, Relaxed);
     }
 
     /// Clears the fault latency histogram (e.g. between the fill and the measured phase).

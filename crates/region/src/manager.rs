@@ -430,6 +430,7 @@ pub(crate) struct Counters {
     pub on_resident: AtomicU64,
     pub staged_present: AtomicU64,
     pub moved_nothing: AtomicU64,
+    pub moved_unreported: AtomicU64,
 }
 
 pub(crate) struct Shared {
@@ -516,6 +517,9 @@ pub(crate) struct Shared {
     /// Tests only (`Region::delay_moves_for_tests`): microseconds an eviction batch waits
     /// between picking its victims and moving them out.
     pub move_delay_us: AtomicU64,
+    /// Tests only (`Region::report_moves_short_for_tests`): an eviction run moved whole is
+    /// handled as if the kernel had said it was cut this many pages short.
+    pub unreported_moves: AtomicUsize,
     /// Whether the first page kept back as incompressible was logged.
     pub incompressible_said: AtomicBool,
     /// When it last refused one (`evict::now_ms`): eviction pauses for

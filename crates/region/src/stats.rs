@@ -62,6 +62,10 @@ pub struct Checks {
     /// the program unmaps the page at that moment (munmap, mremap: their events come after the
     /// pages are gone).
     pub moved_nothing: u64,
+    /// Victims found already in their staging slot after a run of moves was cut (the kernel
+    /// moved more of the run than it reported): kept as moved.
+    #[serde(default)]
+    pub moved_unreported: u64,
 }
 
 /// Statistics of a region.

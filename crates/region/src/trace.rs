@@ -10,7 +10,8 @@
 //! pages ever touched cost memory (128 bytes each).
 
 use std::panic::Location;
-use std::sync::{Arc, Once, Weak};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Once, OnceLock, Weak};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -28,7 +29,16 @@ pub(crate) struct History {
     rings: Vec<Ring>,
     /// Per page: how many changes were recorded (the ring's next entry is this mod HISTORY).
     counts: Vec<u32>,
-    start: Instant,
+}
+
+/// The time base of histories and the journal: the first region made.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_us() -> u64 {
+    epoch().elapsed().as_micros() as u64
 }
 
 impl History {
@@ -36,7 +46,6 @@ impl History {
         History {
             rings: vec![[0; 2 * HISTORY]; pages],
             counts: vec![0; pages],
-            start: Instant::now(),
         }
     }
 
@@ -50,7 +59,7 @@ impl History {
     ) {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() } as u64 & 0xff_ffff;
-        let us = (self.start.elapsed().as_micros() as u64) & 0xffff_ffff;
+        let us = now_us() & 0xffff_ffff;
         let word = from as u64 | (to as u64) << 4 | tid << 8 | us << 32;
         let n = self.counts[page] as usize;
         let ring = &mut self.rings[page];
@@ -85,6 +94,56 @@ impl History {
     pub fn changes(&self, page: usize) -> u32 {
         self.counts[page]
     }
+}
+
+/// Rare outcomes of the eviction path, kept whether or not pages are traced (a few stores each,
+/// on paths a correct run takes seldom or never) and printed in the crash report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub(crate) enum Note {
+    /// A run of victims moved in part: `a` pages asked, `b` reported moved, `page` the first.
+    RunCut = 1,
+    /// A victim's staging slot was not empty (`UFFDIO_MOVE`: EEXIST): `a` the slot's address,
+    /// `b` 1 if the victim was still mapped (the slot held something else: cleared) or 0 (the
+    /// page had moved there already: kept).
+    SlotTaken = 2,
+    /// Nothing was mapped at a victim (`UFFDIO_MOVE`: ENOENT).
+    NothingMapped = 3,
+}
+
+const JOURNAL: usize = 64;
+static JOURNAL_AT: AtomicUsize = AtomicUsize::new(0);
+static JOURNAL_ENTRIES: [[AtomicU64; 4]; JOURNAL] =
+    [const { [const { AtomicU64::new(0) }; 4] }; JOURNAL];
+
+/// Records a rare outcome (see [`Note`]) in the journal the crash report prints.
+pub(crate) fn note(what: Note, page: usize, a: u64, b: u64) {
+    let k = JOURNAL_AT.fetch_add(1, Relaxed) % JOURNAL;
+    let e = &JOURNAL_ENTRIES[k];
+    e[0].store(now_us() << 8 | what as u64, Relaxed);
+    e[1].store(page as u64, Relaxed);
+    e[2].store(a, Relaxed);
+    e[3].store(b, Relaxed);
+}
+
+/// The journal, oldest first: one line per entry.
+pub(crate) fn journal() -> Vec<String> {
+    let n = JOURNAL_AT.load(Relaxed);
+    (n.saturating_sub(JOURNAL)..n)
+        .map(|k| {
+            let e = &JOURNAL_ENTRIES[k % JOURNAL];
+            let (head, page) = (e[0].load(Relaxed), e[1].load(Relaxed));
+            let (a, b) = (e[2].load(Relaxed), e[3].load(Relaxed));
+            let what = match head & 0xff {
+                1 => format!("run of {a} from page {page} cut after {b} pages"),
+                2 if b == 1 => format!("page {page}: slot {a:#x} held something: cleared"),
+                2 => format!("page {page}: already in its slot {a:#x} (moved, not reported)"),
+                3 => format!("page {page}: nothing mapped to move"),
+                _ => format!("entry {head:#x} {page} {a} {b}"),
+            };
+            format!("{:>12.6} s  {what}", (head >> 8) as f64 / 1e6)
+        })
+        .collect()
 }
 
 /// Regions whose pages are traced, for the crash report.
@@ -164,7 +223,18 @@ fn crash_report(addr: usize, regs: &[(&str, usize)]) -> String {
         None => return out + "zmem: the list of traced regions is locked: no report\n",
     };
     let mut seen = Vec::new();
-    for (name, value) in std::iter::once(("si_addr", addr)).chain(regs.iter().copied()) {
+    // Each page pointed at, and the pages beside it (a run moved or mapped with it).
+    let pointers: Vec<(String, usize)> = std::iter::once(("si_addr", addr))
+        .chain(regs.iter().copied())
+        .flat_map(|(name, v)| {
+            [
+                (name.to_string(), v),
+                (format!("{name} - 1 page"), v.wrapping_sub(4096)),
+                (format!("{name} + 1 page"), v.wrapping_add(4096)),
+            ]
+        })
+        .collect();
+    for (name, value) in pointers {
         for r in &regions {
             let s = &r.root;
             let Some(page) = s.index_of(value) else {
@@ -183,15 +253,30 @@ fn crash_report(addr: usize, regs: &[(&str, usize)]) -> String {
                 Some(g) => &**g,
                 None => unsafe { &*s.inner.data_ptr() },
             };
+            let st = inner.state.get(page);
+            // Whether the page is mapped, asked of the kernel (a read of a missing page would
+            // fault, and its fault needs the lock held here); if it is, how much of it is zero.
+            let mut vec = 0u8;
+            // SAFETY: one page of our own address space; the kernel writes one byte.
+            let mapped = unsafe { libc::mincore(s.page_addr(page) as *mut _, 4096, &mut vec) } == 0
+                && vec & 1 != 0;
+            let content = if mapped {
+                // SAFETY: a mapped page of the region, read only.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(s.page_addr(page) as *const u8, 4096) };
+                let nonzero = bytes.iter().filter(|&&b| b != 0).count();
+                format!(", mapped, {nonzero} of its bytes not zero")
+            } else {
+                ", not mapped".to_string()
+            };
+            let unlocked = if guard.is_none() {
+                " (read unlocked)"
+            } else {
+                ""
+            };
             out += &format!(
-                "  {name} = {value:#x}: page {page} at {:#x}, now {:?}{}\n",
+                "  {name} = {value:#x}: page {page} at {:#x}, now {st:?}{content}{unlocked}\n",
                 s.page_addr(page),
-                inner.state.get(page),
-                if guard.is_none() {
-                    " (read unlocked)"
-                } else {
-                    ""
-                }
             );
             match inner.state.history() {
                 Some(h) => {
@@ -204,14 +289,20 @@ fn crash_report(addr: usize, regs: &[(&str, usize)]) -> String {
             }
         }
     }
+    out += "  rare outcomes of eviction, oldest first:\n";
+    for line in journal() {
+        out += &format!("    {line}\n");
+    }
     let c = regions.first().map(|r| &r.counters);
     if let Some(c) = c {
         use std::sync::atomic::Ordering::Relaxed;
         out += &format!(
-            "  checks: on_resident {} staged_present {} moved_nothing {} mismatches {}\n",
+            "  checks: on_resident {} staged_present {} moved_nothing {} moved_unreported {} \
+             mismatches {}\n",
             c.on_resident.load(Relaxed),
             c.staged_present.load(Relaxed),
             c.moved_nothing.load(Relaxed),
+            c.moved_unreported.load(Relaxed),
             c.mismatches.load(Relaxed)
         );
     }

@@ -1335,3 +1335,27 @@ fn a_page_dropped_while_fault_around_reads_it_reads_zeros() {
     }
     assert!(r.stats().fault_around_pages > 0, "{:?}", r.stats());
 }
+
+#[test]
+fn a_page_a_cut_run_moved_without_saying_so_keeps_its_content() {
+    // Eviction moves runs of adjacent victims in one UFFDIO_MOVE; when a run is cut, the rest
+    // is moved page by page. A victim the cut run did move (the count said otherwise) is found
+    // in its slot (EEXIST) while nothing is mapped at its address: it must be kept as moved,
+    // not have its slot cleared (perl at `--resident 4M` read a page of zeros that way).
+    let cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
+    let Some(r) = region_with(cfg) else {
+        return;
+    };
+    r.report_moves_short_for_tests(1);
+    let pages = 4 * MIB as usize / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 1);
+    }
+    for i in 0..pages {
+        check(page_mut(&r, i), i, 1);
+    }
+    let s = r.stats();
+    assert!(s.evictions > 0, "{s:?}");
+    assert!(s.checks.moved_unreported > 0, "{s:?}");
+    assert_eq!(s.checks.moved_nothing, 0, "{s:?}");
+}
