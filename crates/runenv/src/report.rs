@@ -81,7 +81,40 @@ pub fn table(rows: &[&ProcessStats]) -> String {
             human(s.region.clean_copies)
         );
     }
+    for s in rows {
+        if let Some(line) = checks_line(s) {
+            out += &line;
+        }
+    }
     out
+}
+
+/// The `checks` counters of a process that are not zero, in one line (None when all are): what
+/// a correct run should seldom or never see (`zmem_region::Checks`).
+pub fn checks_line(s: &ProcessStats) -> Option<String> {
+    let c = &s.region.checks;
+    let seen: Vec<String> = [
+        (
+            "pages came back different from what was stored",
+            c.mismatches,
+        ),
+        ("faults on pages counted resident", c.on_resident),
+        ("faults on staged pages still mapped", c.staged_present),
+        ("victims with nothing mapped", c.moved_nothing),
+        ("victims a cut run had moved unreported", c.moved_unreported),
+    ]
+    .iter()
+    .filter(|&&(_, n)| n > 0)
+    .map(|&(what, n)| format!("{n} {what}"))
+    .collect();
+    (!seen.is_empty()).then(|| {
+        format!(
+            "zmem: pid {}: checks: {} (rare outcomes; on a single-threaded program they point at \
+             a race in zmem: please report them)\n",
+            s.pid,
+            seen.join(", ")
+        )
+    })
 }
 
 /// The summary printed on stderr when the program exits.
@@ -190,5 +223,26 @@ mod tests {
         assert!(s.contains("peak heap data 8M in 4M of DRAM (2.00x)"), "{s}");
         let back: RunReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.others.len(), 7);
+        assert!(!s.contains("checks:"), "{s}");
+    }
+
+    #[test]
+    fn checks_that_are_not_zero_are_named_in_the_table() {
+        let mut p = ProcessStats {
+            pid: 7,
+            ..Default::default()
+        };
+        assert_eq!(checks_line(&p), None);
+        p.region.checks.moved_nothing = 2;
+        p.region.checks.moved_unreported = 1;
+        let line = checks_line(&p).unwrap();
+        assert!(
+            line.starts_with(
+                "zmem: pid 7: checks: 2 victims with nothing mapped, 1 victims a cut run had \
+                 moved unreported"
+            ),
+            "{line}"
+        );
+        assert!(table(&[&p]).contains(&line));
     }
 }
