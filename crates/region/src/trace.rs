@@ -1,6 +1,8 @@
 //! `RegionConfig::trace_pages`, a diagnostic: each page keeps its last [`HISTORY`] changes of
 //! state (which line of zmem made it, on which thread, when), and when the program dies of
-//! SIGSEGV the pages its registers point into are printed with their histories. It answers
+//! SIGSEGV the pages its registers point into (and their neighbours) are printed with their
+//! histories, whether they are mapped and how much of them is zero, and the journal of rare
+//! eviction outcomes ([`Note`], kept with or without tracing). It answers
 //! "how did this page lose its content" for a crash that happens once in ten runs (perl at
 //! `--resident 4M`, DESIGN-NOTES "Next steps for regions"), where a debugger cannot be
 //! attached in time and a core dump shows evicted pages as missing.
