@@ -363,12 +363,13 @@ impl Shared {
                     Ok(()) if short == 0 => end - k,
                     // The rest page by page below, each failure handled on its own.
                     r => {
-                        let done = match r {
-                            Ok(()) => (end - k).saturating_sub(short),
-                            Err((_, bytes)) => bytes / PAGE,
+                        let (done, errno) = match r {
+                            Ok(()) => ((end - k).saturating_sub(short), 0),
+                            Err((e, bytes)) => (bytes / PAGE, e.code()),
                         };
                         let first = victims[k] as usize;
-                        trace::note(Note::RunCut, first, (end - k) as u64, done as u64);
+                        let said = done as u64 | (errno as u64) << 32;
+                        trace::note(Note::RunCut, first, (end - k) as u64, said);
                         done
                     }
                 };

@@ -103,7 +103,8 @@ impl History {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u64)]
 pub(crate) enum Note {
-    /// A run of victims moved in part: `a` pages asked, `b` reported moved, `page` the first.
+    /// A run of victims moved in part: `a` pages asked, `b` reported moved (the errno in its
+    /// high 32 bits), `page` the first.
     RunCut = 1,
     /// A victim's staging slot was not empty (`UFFDIO_MOVE`: EEXIST): `a` the slot's address,
     /// `b` 1 if the victim was still mapped (the slot held something else: cleared) or 0 (the
@@ -137,7 +138,11 @@ pub(crate) fn journal() -> Vec<String> {
             let (head, page) = (e[0].load(Relaxed), e[1].load(Relaxed));
             let (a, b) = (e[2].load(Relaxed), e[3].load(Relaxed));
             let what = match head & 0xff {
-                1 => format!("run of {a} from page {page} cut after {b} pages"),
+                1 => format!(
+                    "run of {a} from page {page} cut after {} pages (errno {})",
+                    b & 0xffff_ffff,
+                    b >> 32
+                ),
                 2 if b == 1 => format!("page {page}: slot {a:#x} held something: cleared"),
                 2 => format!("page {page}: already in its slot {a:#x} (moved, not reported)"),
                 3 => format!("page {page}: nothing mapped to move"),
@@ -336,5 +341,19 @@ mod tests {
         assert_eq!(lines.len(), HISTORY);
         assert!(lines.iter().all(|l| l.contains("Resident -> Staged")));
         assert_eq!(h.changes(2), HISTORY as u32 + 2);
+    }
+
+    #[test]
+    fn the_journal_says_what_each_rare_outcome_was() {
+        note(Note::RunCut, 4242, 16, 3 | (libc::EAGAIN as u64) << 32);
+        note(Note::SlotTaken, 4243, 0x1000, 0);
+        note(Note::NothingMapped, 4244, 0, 0);
+        let j = journal().join("\n");
+        assert!(
+            j.contains("run of 16 from page 4242 cut after 3 pages (errno 11)"),
+            "{j}"
+        );
+        assert!(j.contains("page 4243: already in its slot 0x1000"), "{j}");
+        assert!(j.contains("page 4244: nothing mapped to move"), "{j}");
     }
 }
