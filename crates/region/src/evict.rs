@@ -403,14 +403,14 @@ impl Shared {
                     // else is mapped there (a page a failed recycle left behind, or a huge page
                     // over the slot): clear the slot and try once more; the page stays
                     // resident if that fails too.
-                    let victim_mapped = zmem_os::mapping::page_mapped(src).unwrap_or(true);
+                    let victim_mapped = crate::guard::page_mapped(src).unwrap_or(true);
                     trace::note(
                         Note::SlotTaken,
                         v as usize,
                         dst as u64,
                         victim_mapped as u64,
                     );
-                    if !victim_mapped && zmem_os::mapping::page_mapped(dst) == Some(true) {
+                    if !victim_mapped && crate::guard::page_mapped(dst) == Some(true) {
                         self.counters.moved_unreported.fetch_add(1, Relaxed);
                         r = Ok(());
                     } else {

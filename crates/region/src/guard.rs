@@ -299,6 +299,26 @@ fn raw(nr: i64, a: [u64; 6]) -> i64 {
     }
 }
 
+/// Whether the page at `addr` is mapped now (mincore), asked past the filter when the guard is
+/// on: mincore names a region address, so the filter would trap it and the guard bring the
+/// page back first, a fault that needs the space lock its callers hold (the crash report of
+/// `trace` hung a program that way). None if the kernel refuses.
+pub(crate) fn page_mapped(addr: usize) -> Option<bool> {
+    if !active() {
+        return zmem_os::mapping::page_mapped(addr);
+    }
+    let mut v = 0u8;
+    let a = [
+        (addr & !(PAGE - 1)) as u64,
+        PAGE as u64,
+        &mut v as *mut u8 as u64,
+        0,
+        0,
+        0,
+    ];
+    (raw(libc::SYS_mincore, a) == 0).then_some(v & 1 != 0)
+}
+
 // ---------------------------------------------------------------- the filter
 
 /// A BPF program under construction, with forward jumps resolved at the end.

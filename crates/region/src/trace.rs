@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use crate::config::PAGE;
 use crate::manager::Shared;
 use crate::state::PageState;
 
@@ -236,8 +237,8 @@ fn crash_report(addr: usize, regs: &[(&str, usize)]) -> String {
         .flat_map(|(name, v)| {
             [
                 (name.to_string(), v),
-                (format!("{name} - 1 page"), v.wrapping_sub(4096)),
-                (format!("{name} + 1 page"), v.wrapping_add(4096)),
+                (format!("{name} - 1 page"), v.wrapping_sub(PAGE)),
+                (format!("{name} + 1 page"), v.wrapping_add(PAGE)),
             ]
         })
         .collect();
@@ -248,7 +249,9 @@ fn crash_report(addr: usize, regs: &[(&str, usize)]) -> String {
                 continue;
             };
             if seen.contains(&(s.base, page)) {
-                out += &format!("  {name} = {value:#x}: page {page} (above)\n");
+                if !name.ends_with(" page") {
+                    out += &format!("  {name} = {value:#x}: page {page} (above)\n");
+                }
                 continue;
             }
             seen.push((s.base, page));
@@ -263,14 +266,11 @@ fn crash_report(addr: usize, regs: &[(&str, usize)]) -> String {
             let st = inner.state.get(page);
             // Whether the page is mapped, asked of the kernel (a read of a missing page would
             // fault, and its fault needs the lock held here); if it is, how much of it is zero.
-            let mut vec = 0u8;
-            // SAFETY: one page of our own address space; the kernel writes one byte.
-            let mapped = unsafe { libc::mincore(s.page_addr(page) as *mut _, 4096, &mut vec) } == 0
-                && vec & 1 != 0;
+            let mapped = crate::guard::page_mapped(s.page_addr(page)) == Some(true);
             let content = if mapped {
                 // SAFETY: a mapped page of the region, read only.
                 let bytes =
-                    unsafe { std::slice::from_raw_parts(s.page_addr(page) as *const u8, 4096) };
+                    unsafe { std::slice::from_raw_parts(s.page_addr(page) as *const u8, PAGE) };
                 let nonzero = bytes.iter().filter(|&&b| b != 0).count();
                 format!(", mapped, {nonzero} of its bytes not zero")
             } else {
