@@ -157,6 +157,10 @@ pub(crate) fn journal() -> Vec<String> {
 /// Regions whose pages are traced, for the crash report.
 static TRACED: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 static INSTALL: Once = Once::new();
+/// The SIGSEGV disposition found when the report's handler was installed: put back once the
+/// report is written, so that the access, run again, reaches it (a program's own handler, or
+/// the default action).
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
 /// Lists region `shared` for the crash report and installs the SIGSEGV handler (once).
 pub(crate) fn watch(shared: &Arc<Shared>) {
@@ -165,15 +169,18 @@ pub(crate) fn watch(shared: &Arc<Shared>) {
     t.push(Arc::downgrade(shared));
     drop(t);
     INSTALL.call_once(|| {
-        // SAFETY: a zeroed sigaction is a valid "no handler, empty mask" value; ours takes
-        // SA_SIGINFO and runs once (SA_RESETHAND: the fault repeats with the default action).
+        // SAFETY: zeroed sigactions are valid "no handler, empty mask" values; ours takes
+        // SA_SIGINFO, and the kernel fills `old`.
         unsafe {
             let mut new: libc::sigaction = std::mem::zeroed();
+            let mut old: libc::sigaction = std::mem::zeroed();
             new.sa_sigaction = on_sigsegv as *const () as usize;
-            new.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND | libc::SA_ONSTACK;
-            if libc::sigaction(libc::SIGSEGV, &new, std::ptr::null_mut()) != 0 {
+            new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            if libc::sigaction(libc::SIGSEGV, &new, &mut old) != 0 {
                 tracing::warn!("trace_pages: no crash report (sigaction(SIGSEGV) failed)");
+                return;
             }
+            let _ = PREVIOUS.set(old);
         }
     });
 }
@@ -217,9 +224,18 @@ extern "C" fn on_sigsegv(_sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mu
     let report =
         std::panic::catch_unwind(|| zmem_os::thread::as_zmem(|| crash_report(addr, &regs)))
             .unwrap_or_else(|_| "zmem: trace_pages: the crash report failed\n".into());
-    // SAFETY: writing our own buffer to stderr.
-    unsafe { libc::write(2, report.as_ptr().cast(), report.len()) };
-    // Returning runs the access again, now under the default action (SA_RESETHAND).
+    // SAFETY: writing our own buffer to stderr; then the disposition found at installation
+    // (a valid sigaction the kernel gave us, or the default one).
+    unsafe {
+        libc::write(2, report.as_ptr().cast(), report.len());
+        let dfl: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(
+            libc::SIGSEGV,
+            PREVIOUS.get().unwrap_or(&dfl),
+            std::ptr::null_mut(),
+        );
+    }
+    // Returning runs the access again, now under that disposition.
 }
 
 /// The report for a SIGSEGV at `addr` with registers `regs`: every region page the address or
