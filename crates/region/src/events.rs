@@ -11,8 +11,11 @@
 //! wrong output under `zmem run` on a busy machine; test
 //! `a_page_reused_right_after_madvise_keeps_its_new_content`). Events read during a fork are
 //! the exception: `fork_mode` defers them, since applying one may allocate while glibc's fork
-//! holds the malloc locks (see there).
+//! holds the malloc locks (see there); they are applied right after the child's snapshot, and
+//! no fault is served until then (`Shared::range_events_deferred`).
 
+use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::PAGE;
@@ -44,9 +47,7 @@ impl Shared {
             return Ok(0);
         }
         let n = s.uffd.read_msgs(msgs)?;
-        let delay = self
-            .event_delay_us
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let delay = self.event_delay_us.load(Relaxed);
         if delay > 0 && msgs[..n].iter().any(is_range_event) {
             std::thread::sleep(Duration::from_micros(delay));
         }
@@ -54,6 +55,24 @@ impl Shared {
             self.apply_range_event(s, &mut inner, m);
         }
         Ok(n)
+    }
+
+    /// Applies, in the order they were read, the range events `fork_mode` deferred into
+    /// `deferred` (the faults stay there), and lets faults be served again.
+    pub(crate) fn apply_deferred_range_events(&self, deferred: &mut Vec<(Arc<Space>, Msg)>) {
+        let n = deferred.iter().filter(|(_, m)| is_range_event(m)).count();
+        if n == 0 {
+            return;
+        }
+        let delay = self.event_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
+        for (s, m) in deferred.iter().filter(|(_, m)| is_range_event(m)) {
+            self.apply_range_event(s, &mut s.inner.lock(), m);
+        }
+        deferred.retain(|(_, m)| !is_range_event(m));
+        self.range_events_deferred.fetch_sub(n, Release);
     }
 
     /// Applies a REMOVE, UNMAP or REMAP event (anything else is ignored).

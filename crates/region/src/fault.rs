@@ -3,7 +3,7 @@
 //! decoded once), or as zeros; the faulting thread is woken when its page is mapped. The fault
 //! path allocates nothing: its buffers belong to the handler thread.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,13 @@ use crate::uffd;
 pub(crate) const OOM_STREAK: u64 = 500;
 
 impl Shared {
+    /// Whether the calling thread is the one forking now: until its fork is done its faults are
+    /// served whatever waits (it holds the fork, and everything waits for the fork).
+    fn is_forking_thread(&self) -> bool {
+        // SAFETY: gettid has no preconditions.
+        self.forking.load(Acquire) && self.forking_tid.load(Relaxed) == unsafe { libc::gettid() }
+    }
+
     /// Makes room for `n` more resident pages in the root space (direct eviction).
     fn make_room(self: &Arc<Self>, n: usize) {
         let budget = self.budget();
@@ -54,6 +61,11 @@ impl Shared {
         let Some(idx) = s.index_of(addr) else {
             return self.serve_foreign(s, addr);
         };
+        if self.range_events_deferred.load(Acquire) > 0 && !self.is_forking_thread() {
+            // A range event read during a fork waits for the snapshot; the page may be one the
+            // program dropped and writes again (see `range_events_deferred`).
+            return Served::Retry;
+        }
         if s.is_root {
             let t0 = Instant::now();
             self.make_room(1);

@@ -59,6 +59,10 @@ fn prepare() {
             s.prepare_spare_store();
             s.fork_gate_close();
             s.open_child_link();
+            let hold = s.fork_hold_us.load(Relaxed);
+            if hold > 0 {
+                std::thread::sleep(std::time::Duration::from_micros(hold));
+            }
         }
     }
     // Kept across the fork; released by atfork_parent and atfork_child.
@@ -169,10 +173,10 @@ impl Shared {
                     // own glibc arena), and the forking thread holds glibc's malloc locks from
                     // here until the FORK event is read. Applied at once, an UNMAP deadlocked a
                     // fork in CI (run_programs' heap_grow: the handler waited for the arena lock,
-                    // the fork for the handler). Until the fork is done a REMOVE is applied late
-                    // again (see `events`), a gap left open: a thread of the program that drops
-                    // memory, writes it again and has it evicted, all during another thread's
-                    // fork.
+                    // the fork for the handler). The program's madvise returns once its event is
+                    // read, so until the event is applied (right after the snapshot) no fault
+                    // is served but the forking thread's (`range_events_deferred`): a page the
+                    // program wrote again and had evicted meanwhile would be forgotten.
                     // Not while a child's batch is in flight (`Space::moving`), checked without
                     // the space lock: a program thread on the signal route may hold it while it
                     // waits for glibc's malloc lock, which the forking thread holds until this
@@ -180,7 +184,21 @@ impl Shared {
                     if s.moving.load(Acquire) {
                         break;
                     }
+                    // Counted before the read: the program's madvise returns as the kernel
+                    // hands its event over, before this thread has looked at it (a fault of
+                    // the writing thread served in that gap lost a page in the test).
+                    self.range_events_deferred.fetch_add(1, AcqRel);
                     let n = s.uffd.read_msgs(msgs).unwrap_or(0);
+                    let ranges = msgs[..n]
+                        .iter()
+                        .filter(|m| crate::events::is_range_event(m))
+                        .count();
+                    // One count per range event read, kept until it is applied.
+                    if ranges == 0 {
+                        self.range_events_deferred.fetch_sub(1, AcqRel);
+                    } else {
+                        self.range_events_deferred.fetch_add(ranges - 1, AcqRel);
+                    }
                     for m in &msgs[..n] {
                         if m.event == uffd::EVENT_FORK {
                             // Counted until served (hand_off_children waits for it).

@@ -272,7 +272,9 @@ impl Region {
             forking_tid: std::sync::atomic::AtomicI32::new(0),
             store_full: AtomicBool::new(false),
             held_warned: AtomicBool::new(false),
+            range_events_deferred: AtomicUsize::new(0),
             event_delay_us: AtomicU64::new(0),
+            fork_hold_us: AtomicU64::new(0),
             run_delay_us: AtomicU64::new(0),
             move_delay_us: AtomicU64::new(0),
             unreported_moves: AtomicUsize::new(0),
@@ -501,6 +503,27 @@ impl Region {
     pub fn delay_events_for_tests(&self, delay: Duration) {
         self.shared()
             .event_delay_us
+            .store(delay.as_micros() as u64, Relaxed);
+    }
+
+    /// Tests only: page `idx`'s recorded changes of state, oldest first (empty without
+    /// `RegionConfig::trace_pages`), for a test to print when a page is wrong.
+    #[doc(hidden)]
+    pub fn page_history_for_tests(&self, idx: usize) -> Vec<String> {
+        let inner = self.shared().root.inner.lock();
+        inner
+            .state
+            .history()
+            .map(|h| h.describe(idx))
+            .unwrap_or_default()
+    }
+
+    /// Tests only: the fork's prepare hook waits `delay` after parking this region's threads,
+    /// as a forking thread preempted there does (other threads run meanwhile).
+    #[doc(hidden)]
+    pub fn hold_forks_for_tests(&self, delay: Duration) {
+        self.shared()
+            .fork_hold_us
             .store(delay.as_micros() as u64, Relaxed);
     }
 

@@ -507,10 +507,20 @@ pub(crate) struct Shared {
     pub store_full: AtomicBool,
     /// Whether the first page held back (UFFDIO_MOVE: EINVAL) was logged.
     pub held_warned: AtomicBool,
+    /// Range events (REMOVE/UNMAP/REMAP) read during a fork and not applied yet (`fork_mode`
+    /// defers them; `apply_deferred_range_events` applies them right after the child's
+    /// snapshot). While any wait, no fault is served but the forking thread's (`serve_fault`):
+    /// the program may already have written the dropped range again, and a page served and
+    /// evicted before the event is applied would lose that content to it.
+    pub range_events_deferred: AtomicUsize,
     /// Tests only (`Region::delay_events_for_tests`): microseconds a handler waits between
-    /// reading a batch of messages and applying its events, to widen the window that a handler
-    /// preempted on a busy machine leaves.
+    /// reading a batch of messages and applying its events (and between a fork's snapshot and
+    /// the events read during the fork), to widen the window that a handler preempted on a
+    /// busy machine leaves.
     pub event_delay_us: AtomicU64,
+    /// Tests only (`Region::hold_forks_for_tests`): microseconds the fork's prepare hook waits
+    /// after parking the region's threads, as a forking thread preempted there does.
+    pub fork_hold_us: AtomicU64,
     /// Tests only (`Region::delay_fault_around_for_tests`): microseconds a fault waits between
     /// reading a run of pages and mapping it.
     pub run_delay_us: AtomicU64,
@@ -705,6 +715,9 @@ impl Shared {
                     self.forks_unserved
                         .fetch_sub(1, std::sync::atomic::Ordering::Release);
                 }
+                // After the snapshots (the child's copy was taken before the program's
+                // madvise could zap it) and before any fault is served.
+                self.apply_deferred_range_events(&mut deferred);
                 continue;
             }
             for (i, s) in spaces.iter().enumerate() {

@@ -1240,6 +1240,65 @@ fn reuse_right_after_madvise(r: &Region) {
 }
 
 #[test]
+fn a_page_dropped_and_written_again_during_a_fork_keeps_its_new_content() {
+    // While a fork is in progress the handlers only read messages (glibc holds the malloc
+    // locks), so a REMOVE read then is applied after the child's snapshot; the program's
+    // madvise returns at the read. A page the program writes again and has evicted before that
+    // must not be forgotten by the late event: no fault is served until it is applied. The two
+    // delays stand for a forking thread preempted in the prepare hook and a handler preempted
+    // between the snapshot and the deferred events.
+    for route in [
+        zmem_region::FaultRoute::Signal,
+        zmem_region::FaultRoute::Handler,
+    ] {
+        let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
+        cfg.fault_route = route;
+        cfg.trace_pages = true;
+        if let Some(r) = region_with(cfg) {
+            reuse_during_a_fork(&r);
+            assert!(r.stats().forks >= 3, "{:?}", r.stats());
+        }
+    }
+}
+
+fn reuse_during_a_fork(r: &Region) {
+    r.hold_forks_for_tests(Duration::from_millis(200));
+    r.delay_events_for_tests(Duration::from_millis(100));
+    let pages = r.len() / PAGE;
+    for round in 0..3u64 {
+        let version = 2 * round + 1;
+        fill(page_mut(r, 0), 0, version);
+        let forker = std::thread::spawn(|| {
+            // SAFETY: the child only calls _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                // SAFETY: leaving the child without running the parent's destructors.
+                unsafe { libc::_exit(0) };
+            }
+            wait_for_child(pid);
+        });
+        // The forking thread is held in the prepare hook, the region's threads parked.
+        std::thread::sleep(Duration::from_millis(50));
+        // SAFETY: page 0 of our region; its content is rewritten right after.
+        let rc = unsafe { libc::madvise(r.as_ptr().cast(), PAGE, libc::MADV_DONTNEED) };
+        assert_eq!(rc, 0);
+        fill(page_mut(r, 0), 0, version + 1);
+        // Twice the budget of other pages: page 0 leaves DRAM.
+        for i in 1..pages.min(1 + 2 * (MIB as usize) / PAGE) {
+            fill(page_mut(r, i), i, version);
+        }
+        forker.join().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        if !matches(page_mut(r, 0), 0, version + 1) {
+            // How it went wrong: page 0's changes of state and the line of zmem behind each.
+            eprintln!("round {round}, page 0: {:#?}", r.page_history_for_tests(0));
+        }
+        check(page_mut(r, 0), 0, version + 1);
+    }
+}
+
+#[test]
 fn a_page_dropped_and_written_again_while_it_was_being_evicted_keeps_its_new_content() {
     // An eviction batch picks its victims under the lock and moves them out after. A victim the
     // program drops meanwhile (mimalloc purging a range: its REMOVE applied, the kernel's zap)
