@@ -101,6 +101,8 @@ fn child() {
     let mut registry = REGISTRY.lock();
     for s in registry.iter() {
         if let Some(s) = s.upgrade() {
+            // The parent's handler applies what it deferred; nothing waits for it here.
+            s.range_events_deferred.store(0, Release);
             s.close_in_child();
             s.colocation.in_child();
             s.child_side_of_link();
