@@ -1,0 +1,1 @@
+BEGIN { srand(7); for (i = 0; i < 300000; i++) { k = "key" int(rand()*1e9); a[k] = a[k] i "," } n = 0; for (k in a) { n++; s += length(a[k]) } print n, s; for (i = 0; i < 300000; i += 997) { k = "key" i; if (k in a) print k, a[k] } }
