@@ -60,19 +60,23 @@ impl Shared {
     /// Applies, in the order they were read, the range events `fork_mode` deferred into
     /// `deferred` (the faults stay there), and lets faults be served again.
     pub(crate) fn apply_deferred_range_events(&self, deferred: &mut Vec<(Arc<Space>, Msg)>) {
-        let n = deferred.iter().filter(|(_, m)| is_range_event(m)).count();
-        if n == 0 {
-            return;
-        }
-        let delay = self.event_delay_us.load(Relaxed);
-        if delay > 0 {
-            std::thread::sleep(Duration::from_micros(delay));
-        }
-        for (s, m) in deferred.iter().filter(|(_, m)| is_range_event(m)) {
+        let mut applied = 0;
+        // `retain` visits in order: each event is applied as it is taken out.
+        deferred.retain(|(s, m)| {
+            if !is_range_event(m) {
+                return true;
+            }
+            let delay = self.event_delay_us.load(Relaxed);
+            if applied == 0 && delay > 0 {
+                std::thread::sleep(Duration::from_micros(delay));
+            }
             self.apply_range_event(s, &mut s.inner.lock(), m);
+            applied += 1;
+            false
+        });
+        if applied > 0 {
+            self.range_events_deferred.fetch_sub(applied, Release);
         }
-        deferred.retain(|(_, m)| !is_range_event(m));
-        self.range_events_deferred.fetch_sub(n, Release);
     }
 
     /// Applies a REMOVE, UNMAP or REMAP event (anything else is ignored).
