@@ -836,6 +836,44 @@ fn hostile_program_at_a_tiny_budget() {
     assert!(num(z, "major_faults") < 500_000, "thrashing: {z}");
 }
 
+/// Issue 10, no hangs: a program whose executable exports its own allocator (as rustc exports
+/// jemalloc), which mmaps and munmaps while it holds its lock, with threads started while the
+/// others keep that lock busy, through a 4M budget on both fault routes. zmem code used to reach
+/// that allocator (glibc's calloc for a thread-local's destructor, on a program thread inside
+/// the interposed munmap or the fault handler, or on zmem's handler at its first contended
+/// lock; opendir on the handler) and wait for the lock its own thread, or a thread waiting for
+/// it, held: every run hung before session 31. The output must match a plain run.
+#[test]
+fn a_program_with_its_own_allocator_at_a_tiny_budget() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("own_allocator", dir.path(), &["-rdynamic", "-fno-builtin"]);
+    let args = ["16", "3"];
+    let plain = Command::new(&prog).args(args).output().unwrap();
+    assert!(plain.status.success(), "plain run: {plain:?}");
+    let want = String::from_utf8_lossy(&plain.stdout).into_owned();
+    assert!(want.ends_with("ALL OK\n"), "{want}");
+    for route in ["signal", "handler"] {
+        let stats = dir.path().join(format!("stats-{route}.json"));
+        let mut cmd = zmem_cmd(&["run", "--resident", "4M", "--fault-route", route, "--stats"]);
+        cmd.arg(&stats).arg("--").arg(&prog).args(args);
+        let out = run_to_end(cmd, dir.path(), "own_allocator", Duration::from_secs(120));
+        assert_eq!(out.code, Some(0), "{route}: {}", tail(&out.stderr));
+        assert_eq!(
+            out.stdout, want,
+            "{route}: output differs from the plain run"
+        );
+        let z = &read_json(&stats)["zmem"];
+        assert!(
+            num(z, "evictions") > 1000,
+            "{route}: nothing was evicted: {z}"
+        );
+    }
+}
+
 /// Issue 10, "all anonymous memory": a program that manages its own memory with mmap (many
 /// mappings, munmap, mremap that shrinks, grows and moves, a reserve-then-commit heap with
 /// MAP_FIXED, MAP_FIXED_NOREPLACE, mprotect, MADV_DONTNEED/FREE, a file mapped over anonymous

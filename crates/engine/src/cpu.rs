@@ -37,6 +37,7 @@ impl CpuBackend {
         reject_ratio: f32,
         counters: Arc<Counters>,
     ) -> Result<CpuBackend, EngineError> {
+        zmem_os::thread::add_thread_preparer(zmem_codec::prepare_thread);
         let (tx, rx) = crossbeam_channel::bounded::<Task>(queue);
         let mut handles = Vec::with_capacity(workers);
         for i in 0..workers {

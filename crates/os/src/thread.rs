@@ -70,7 +70,7 @@ pub const STACK_SIZE: usize = 2 << 20;
 pub const NAME_PREFIX: &str = "zmem-";
 
 /// Spawns a named zmem thread (`name` starts with [`NAME_PREFIX`]) that runs the start hook
-/// before `f`.
+/// and [`prepare_this_thread`] before `f`.
 pub fn spawn<F, T>(name: String, f: F) -> io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -83,8 +83,62 @@ where
     let _blocked = AsyncSignalsBlocked::new();
     builder.stack_size(STACK_SIZE).spawn(move || {
         run_start_hook();
+        prepare_this_thread();
         f()
     })
+}
+
+/// Functions that make a crate's per-thread state on the calling thread, run by
+/// [`prepare_this_thread`]; null: free.
+static PREPARERS: [AtomicPtr<()>; 16] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 16];
+
+/// Adds `f` to what [`prepare_this_thread`] runs (once; a crate calls it before it can first
+/// run on a thread that needs it, e.g. when its first store or region is made).
+pub fn add_thread_preparer(f: fn()) {
+    let p = f as *mut ();
+    for slot in &PREPARERS {
+        match slot.compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(cur) if cur == p => return,
+            Err(_) => {}
+        }
+    }
+    debug_assert!(false, "more than {} thread preparers", PREPARERS.len());
+}
+
+/// Makes now, on the calling thread, every per-thread record zmem's code may need on it later:
+/// the lock library's record (made at a thread's first wait on a contended lock) and each
+/// crate's thread-locals ([`add_thread_preparer`]). Making one registers a thread-local
+/// destructor, for which glibc allocates with the process's `calloc`; in a program that brings
+/// its own allocator (rustc exports jemalloc from its executable) that is the program's, and
+/// zmem code that first made one at a bad moment (an interposed `munmap` on a program thread
+/// that held the allocator's lock, a fault handler, a zmem thread while a thread waiting for
+/// it held that lock) waited forever (docs/DESIGN-NOTES.md, "rustc"). Run by [`spawn`] for
+/// zmem's threads and by the preload for the program's threads as they start.
+pub fn prepare_this_thread() {
+    // A wait that `validate` refuses at once: parking_lot makes the thread's record first.
+    static KEY: u8 = 0;
+    // SAFETY: `validate` returns false, so the thread never parks and no other callback runs;
+    // the key is a private static no one else parks on.
+    unsafe {
+        parking_lot_core::park(
+            &KEY as *const u8 as usize,
+            || false,
+            || {},
+            |_, _| {},
+            parking_lot_core::DEFAULT_PARK_TOKEN,
+            None,
+        );
+    }
+    for slot in &PREPARERS {
+        let p = slot.load(Ordering::Acquire);
+        if p.is_null() {
+            break;
+        }
+        // SAFETY: only `fn()` pointers are stored (add_thread_preparer).
+        let f = unsafe { std::mem::transmute::<*mut (), fn()>(p) };
+        f();
+    }
 }
 
 /// Every signal but the synchronous ones (a fault or a trap: SIGBUS, SIGSEGV, SIGSYS, SIGILL,
@@ -235,6 +289,59 @@ pub fn cpus_available() -> usize {
     (unsafe { libc::CPU_COUNT(&set) } as usize).max(1)
 }
 
+/// The ids of the process's threads, from /proc/self/task read with `getdents64`. Not
+/// `opendir`: it mallocs, and in a program that exports its own allocator (rustc exports
+/// jemalloc) that is the program's malloc, whose lock a thread waiting for a fault may hold,
+/// so a zmem thread calling it waited forever (docs/DESIGN-NOTES.md, "rustc").
+pub fn task_ids() -> Vec<libc::pid_t> {
+    // SAFETY: a constant NUL-terminated path; the descriptor is closed below.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/task".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Vec::new();
+    }
+    let mut ids = Vec::new();
+    // Records are 8-byte aligned: struct linux_dirent64 { u64 ino; i64 off; u16 reclen;
+    // u8 type; char name[]; }.
+    let mut buf = [0u64; 512];
+    loop {
+        // SAFETY: the kernel writes at most the buffer's size into it.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd,
+                buf.as_mut_ptr(),
+                std::mem::size_of_val(&buf),
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        // SAFETY: the kernel filled the first n bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
+        let mut at = 0;
+        while at + 19 <= bytes.len() {
+            let len = u16::from_ne_bytes([bytes[at + 16], bytes[at + 17]]) as usize;
+            if len < 19 || at + len > bytes.len() {
+                break;
+            }
+            let name = &bytes[at + 19..at + len];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            if let Some(id) = std::str::from_utf8(name).ok().and_then(|s| s.parse().ok()) {
+                ids.push(id);
+            }
+            at += len;
+        }
+    }
+    // SAFETY: fd was opened above and is not used after this.
+    unsafe { libc::close(fd) };
+    ids
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -268,6 +375,31 @@ mod tests {
     }
     fn switch(on: bool) -> bool {
         ZMEM_HEAP.with(|c| c.replace(on))
+    }
+
+    #[test]
+    fn task_ids_lists_every_thread_of_the_process() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid cannot fail.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let other = rx.recv().unwrap();
+        let ids = super::task_ids();
+        // SAFETY: gettid and getpid cannot fail.
+        let (me, pid) = unsafe { (libc::gettid(), libc::getpid()) };
+        assert!(ids.contains(&me), "{ids:?} lacks this thread {me}");
+        assert!(
+            ids.contains(&other),
+            "{ids:?} lacks the spawned thread {other}"
+        );
+        assert!(ids.contains(&pid), "{ids:?} lacks the main thread {pid}");
+        let listed = std::fs::read_dir("/proc/self/task").unwrap().count();
+        assert_eq!(ids.len(), listed, "{ids:?}");
+        drop(stop_tx);
+        t.join().unwrap();
     }
 
     #[test]

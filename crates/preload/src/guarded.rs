@@ -315,7 +315,9 @@ pub unsafe extern "C" fn posix_spawnp(
 }
 
 /// # Safety
-/// C's pthread_create. glibc allocates the new thread's DTV (the array through which every
+/// C's pthread_create. A program thread starts in `run_started`, which prepares zmem's
+/// per-thread state before the program runs on it (`zmem_os::thread::prepare_this_thread`).
+/// glibc allocates the new thread's DTV (the array through which every
 /// thread-local is found) with malloc: made in zmem's own heap here, so that it is never
 /// evicted. On the signal route zmem's fault handler runs on the program's threads and reaches
 /// its thread-locals through that array; were it evicted, the handler would fault on it
@@ -343,7 +345,22 @@ pub unsafe extern "C" fn pthread_create(
     let program_thread = !crate::heap::is_internal();
     zmem_os::thread::as_zmem(|| {
         if !guard::active() {
-            return create(thread, attr, start, arg);
+            if !program_thread || !crate::runtime::ready() {
+                return create(thread, attr, start, arg);
+            }
+            // No stack or locale data to keep in DRAM without the guard; the new thread is
+            // still prepared in `run_started`.
+            let started = Box::into_raw(Box::new(Started {
+                start,
+                arg,
+                held: guard::Held::nothing(),
+                program_thread,
+            }));
+            let rc = create(thread, attr, run_started, started.cast());
+            if rc != 0 {
+                drop(Box::from_raw(started));
+            }
+            return rc;
         }
         // The new thread reads the global locale's LC_CTYPE data (malloc'd when the program
         // set its locale, so in the region) in glibc's start_thread, before it unblocks the
@@ -537,6 +554,7 @@ extern "C" fn run_started(p: *mut c_void) -> *mut c_void {
     } = *unsafe { Box::from_raw(p.cast::<Started>()) };
     if program_thread {
         guard::give_thread_signal_stack();
+        zmem_os::thread::as_zmem(zmem_os::thread::prepare_this_thread);
     }
     drop(held);
     start(arg)

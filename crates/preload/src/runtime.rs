@@ -40,6 +40,11 @@ pub fn runtime() -> Option<&'static Runtime> {
     RUNTIME.get()
 }
 
+/// Whether zmem has started and is on in this process.
+pub fn ready() -> bool {
+    STATE.load(Acquire) == READY
+}
+
 /// Whether the calling thread's allocations go to the program heap (mimalloc's main heap, in
 /// the region) now; if not, to the internal heap, glibc's malloc (zmem's own threads, everyone
 /// while zmem starts, and everyone when zmem is off).
@@ -76,7 +81,12 @@ pub fn start() {
     let outcome = std::panic::catch_unwind(init)
         .unwrap_or_else(|_| Err(("zmem panicked while starting".into(), OnError::Fail)));
     match outcome {
-        Ok(()) => STATE.store(READY, Release),
+        Ok(()) => {
+            // The thread that starts zmem (the main thread, from the constructor) is the
+            // program's; the threads it makes are prepared as they start (guarded.rs).
+            zmem_os::thread::prepare_this_thread();
+            STATE.store(READY, Release)
+        }
         Err((msg, on_error)) => {
             let prog = program_name();
             // SAFETY: getpid cannot fail.

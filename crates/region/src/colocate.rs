@@ -168,12 +168,9 @@ static PINNED_BY_ANY: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
 /// The process's threads whose mask is exactly `cpu` (read from /proc/self/task; only at a pin
 /// or an unpin, on the region's own threads).
 fn threads_on_only(cpu: usize) -> Vec<libc::pid_t> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
-        .filter(|&t| CpuSet::of(t).is_some_and(|m| m.is_only(cpu)))
-        .collect()
+    let mut ids = zmem_os::thread::task_ids();
+    ids.retain(|&t| CpuSet::of(t).is_some_and(|m| m.is_only(cpu)));
+    ids
 }
 
 fn gettid() -> libc::pid_t {

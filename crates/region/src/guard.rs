@@ -1259,6 +1259,11 @@ pub fn with_exec_strings<R>(path: usize, argv: usize, envp: usize, f: impl FnOnc
 pub struct Held(Option<usize>);
 
 impl Held {
+    /// Nothing kept.
+    pub fn nothing() -> Held {
+        Held(None)
+    }
+
     /// Whether the memory is kept (false when the guard is off, the range is not the region's,
     /// or the pin table was full).
     pub fn is_held(&self) -> bool {

@@ -62,6 +62,7 @@ pub use config::{
 };
 pub use error::RegionError;
 pub use signal::signal_faults_on_this_thread;
+
 /// Whether this machine can run regions: what `zmem doctor` asks.
 pub mod userfaultfd {
     pub use crate::uffd::{probe, OpenError, Opened, Probe, NEEDED, NEEDED_FEATURES};
@@ -120,6 +121,7 @@ impl Region {
     /// forked child); the configuration's `policy` and `store_limit` are then the factory's
     /// business.
     pub fn with_store(cfg: RegionConfig, factory: StoreFactory) -> Result<Region, RegionError> {
+        zmem_os::thread::add_thread_preparer(signal::prepare_thread);
         let config::Checked {
             len,
             pages,

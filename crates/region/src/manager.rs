@@ -581,8 +581,8 @@ impl Shared {
     pub fn handler_loop(self: &Arc<Self>) {
         self.colocation.register_ours();
         // This thread may serve a fault for a thread that is exiting (see
-        // `signal::serve_by_handler`): its thread-locals must exist before then.
-        zmem_store::prepare_thread();
+        // `signal::serve_by_handler`): its thread-locals must exist before then, which
+        // `zmem_os::thread::spawn` saw to (`prepare_this_thread`).
         let mut buf = vec![0u8; PAGE * self.fault_around.max(1)];
         let mut msgs = [Msg::default(); 16];
         // Reserved up front: while a fork is in progress this thread must not allocate (glibc

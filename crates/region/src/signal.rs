@@ -75,6 +75,12 @@ thread_local! {
     static SERVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Registers this thread's decompression buffer now (it is still made at its first fault);
+/// see `zmem_os::thread::prepare_this_thread`.
+pub(crate) fn prepare_thread() {
+    BUF.with(|_| ());
+}
+
 /// Whether the calling thread is serving a fault of a region's signal route: the system calls
 /// it makes meanwhile are zmem's (a lock's futex), which the syscall guard must pass as they
 /// are.

@@ -123,15 +123,18 @@ pub fn thread_state_alive() -> bool {
 
 /// Makes this thread's store and codec state now (a thread that may have to serve another
 /// thread's fault during that thread's exit must not register its thread-local destructors
-/// then: glibc takes its loader lock for that, which the exiting thread may hold).
+/// then: glibc takes its loader lock for that, which the exiting thread may hold). Run on
+/// every zmem thread and program thread as it starts (`zmem_os::thread::prepare_this_thread`).
 pub fn prepare_thread() {
     SCRATCH.with(|_| ());
     GROUP.with(|_| ());
+    lower::prepare_thread();
     zmem_codec::prepare_thread();
 }
 
 impl PageStore {
     pub fn new(cfg: StoreConfig) -> Result<PageStore, StoreError> {
+        zmem_os::thread::add_thread_preparer(prepare_thread);
         if cfg.pages == 0 {
             return Err(StoreError::Config(
                 "the store needs at least one page".into(),

@@ -152,6 +152,12 @@ thread_local! {
     static FETCHED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Registers this thread's fetch buffer now (see `crate::prepare_thread`).
+pub(crate) fn prepare_thread() {
+    FETCHED.with(|_| ());
+    zmem_tier::prepare_thread();
+}
+
 impl StoreCore {
     /// Writes back up to `max_bytes` of compressed objects from the pool to the SSD log, the
     /// coldest first, and compacts the pool so their memory goes back to the OS. Returns what

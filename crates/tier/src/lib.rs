@@ -33,7 +33,7 @@ use std::path::PathBuf;
 pub use zmem_os::Errno;
 
 pub use crate::io::{AlignedBuf, FileIo, SegmentIo, UringUse};
-pub use crate::log::Log;
+pub use crate::log::{prepare_thread, Log};
 pub use crate::memio::MemIo;
 
 /// Where an object lives in the log: segment number (high 32 bits) and byte offset of the

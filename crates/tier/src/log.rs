@@ -165,6 +165,12 @@ thread_local! {
     static READ_BUF: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
 }
 
+/// Registers this thread's log read buffer now (it is still made at first use); see
+/// `zmem_store::prepare_thread`.
+pub fn prepare_thread() {
+    READ_BUF.with(|_| ());
+}
+
 /// Alignment of every buffer handed to a backend (enough for any O_DIRECT device).
 pub(crate) const BUF_ALIGN: usize = 4096;
 
