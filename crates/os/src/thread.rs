@@ -377,6 +377,35 @@ mod tests {
         ZMEM_HEAP.with(|c| c.replace(on))
     }
 
+    thread_local! {
+        static PREPARED_HERE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    fn mark_prepared() {
+        PREPARED_HERE.with(|c| c.set(c.get() + 1));
+    }
+
+    #[test]
+    fn a_preparer_is_kept_once_and_runs_on_every_zmem_thread() {
+        super::add_thread_preparer(mark_prepared);
+        super::add_thread_preparer(mark_prepared); // the same one again: kept once
+        let kept = super::PREPARERS
+            .iter()
+            .filter(|s| s.load(std::sync::atomic::Ordering::Acquire) == mark_prepared as *mut ())
+            .count();
+        assert_eq!(kept, 1);
+        let here = PREPARED_HERE.with(|c| c.get());
+        super::prepare_this_thread();
+        assert_eq!(PREPARED_HERE.with(|c| c.get()), here + 1);
+        let there = super::spawn("zmem-test-prep".into(), || PREPARED_HERE.with(|c| c.get()))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(
+            there, 1,
+            "the spawned thread was not prepared (once) before its body"
+        );
+    }
+
     #[test]
     fn task_ids_lists_every_thread_of_the_process() {
         let (tx, rx) = std::sync::mpsc::channel();
