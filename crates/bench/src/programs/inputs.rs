@@ -174,6 +174,22 @@ pub fn prepare(p: Program, bin: &Path, dir: &Path, scale: f64) -> anyhow::Result
             NODE_SCRIPT,
             scaled(400_000.0, scale),
         )?,
+        Program::Rustc => {
+            let f = file("unit.rs");
+            write_rust(&f, scaled(300.0, scale))?;
+            // rustc's temporary directories go with the inputs.
+            env.push(("TMPDIR".into(), dir.display().to_string()));
+            (
+                vec![
+                    bin_s,
+                    "-O".into(),
+                    "--crate-type=lib".into(),
+                    "--emit=asm=-".into(),
+                    f.display().to_string(),
+                ],
+                f.clone(),
+            )
+        }
     };
     let input_bytes = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
     Ok(Job {
@@ -313,6 +329,32 @@ fn write_c(f: &Path, n: u64) -> anyhow::Result<()> {
              }}",
             tab.join(", "),
             i * 100 + 7
+        )?;
+    }
+    finish(w, f)
+}
+
+/// A Rust library of `n` public functions over a map of vectors (generics, formatting, closures:
+/// rustc's type checking and LLVM's optimisation both have work).
+fn write_rust(f: &Path, n: u64) -> anyhow::Result<()> {
+    let mut w = create(f)?;
+    writeln!(w, "use std::collections::HashMap;")?;
+    for i in 0..n {
+        writeln!(
+            w,
+            "pub fn f{i}(m: &mut HashMap<String, Vec<u64>>, x: u64) -> u64 {{\n\
+             \x20   let k = format!(\"k{i}-{{}}\", x % 17);\n\
+             \x20   let v = m.entry(k).or_default();\n\
+             \x20   v.push(x.wrapping_mul({}));\n\
+             \x20   match x % 5 {{\n\
+             \x20       0 => v.iter().sum(),\n\
+             \x20       1 => v.len() as u64 + {i},\n\
+             \x20       2 => v.iter().max().copied().unwrap_or({i}),\n\
+             \x20       3 => x ^ {i},\n\
+             \x20       _ => v.first().copied().unwrap_or(0),\n\
+             \x20   }}\n\
+             }}",
+            i + 3
         )?;
     }
     finish(w, f)

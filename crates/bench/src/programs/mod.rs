@@ -1,9 +1,10 @@
 //! `zmem bench programs`: the thrashing comparison (issue 10 item 6). Real programs (sqlite3 on
-//! an in-memory database, sort, jq, xz, gcc, python3) run three ways at the same DRAM: plain (no
-//! limit, the reference), under `zmem run --resident B` (their malloc heap compressed in user
-//! space) and under the kernel (a cgroup v1 memory cgroup limited to B with /dev/zram0 as lz4
-//! swap). Every output must be byte-identical to the plain run's; wall time, CPU and major faults
-//! are reported side by side (medians over `--repeat` runs) as a table, JSON and an SVG chart.
+//! an in-memory database, sort, jq, xz, gcc, python3, perl, node, rustc) run three ways at the
+//! same DRAM: plain (no limit, the reference), under `zmem run --resident B` (their malloc heap
+//! compressed in user space) and under the kernel (a cgroup v1 memory cgroup limited to B with
+//! /dev/zram0 as lz4 swap). Every output must be byte-identical to the plain run's; wall time,
+//! CPU and major faults are reported side by side (medians over `--repeat` runs) as a table,
+//! JSON and an SVG chart.
 //!
 //! Why real programs: the synthetic benchmarks (`bench region`, `bench redis`) measure one access
 //! pattern each; these programs bring their own allocators' habits (sort's one big buffer, xz's
@@ -51,10 +52,13 @@ pub enum Program {
     Perl,
     /// node building, grouping and sorting ~400k objects (V8's heap, which node maps itself).
     Node,
+    /// rustc -O of a generated library of ~300 functions, assembly to stdout (jemalloc, which
+    /// rustc exports from its executable, serves it: not zmem's allocator).
+    Rustc,
 }
 
 /// Every program, in the order of the report.
-pub const ALL: [Program; 8] = [
+pub const ALL: [Program; 9] = [
     Program::Sqlite,
     Program::Sort,
     Program::Jq,
@@ -63,6 +67,7 @@ pub const ALL: [Program; 8] = [
     Program::Python,
     Program::Perl,
     Program::Node,
+    Program::Rustc,
 ];
 
 impl Program {
@@ -76,6 +81,7 @@ impl Program {
             Program::Python => "python",
             Program::Perl => "perl",
             Program::Node => "node",
+            Program::Rustc => "rustc",
         }
     }
 
@@ -90,6 +96,7 @@ impl Program {
             Program::Python => "python3",
             Program::Perl => "perl",
             Program::Node => "node",
+            Program::Rustc => "rustc",
         }
     }
 
@@ -104,6 +111,7 @@ impl Program {
             Program::Python => "python3",
             Program::Perl => "perl",
             Program::Node => "nodejs",
+            Program::Rustc => "rustc",
         }
     }
 }
