@@ -334,7 +334,7 @@ fn write_c(f: &Path, n: u64) -> anyhow::Result<()> {
     finish(w, f)
 }
 
-/// A Rust library of `n` public functions over a map of vectors (generics, formatting, closures:
+/// A Rust library of `n` public functions over a map of vectors (generics, formatting, iterators:
 /// rustc's type checking and LLVM's optimisation both have work).
 fn write_rust(f: &Path, n: u64) -> anyhow::Result<()> {
     let mut w = create(f)?;
