@@ -344,31 +344,23 @@ pub unsafe extern "C" fn pthread_create(
     // zmem's own threads (made from zmem code) never fault on the region: no alternate stack.
     let program_thread = !crate::heap::is_internal();
     zmem_os::thread::as_zmem(|| {
-        if !guard::active() {
-            if !program_thread || !crate::runtime::ready() {
-                return create(thread, attr, start, arg);
-            }
-            // No stack or locale data to keep in DRAM without the guard; the new thread is
-            // still prepared in `run_started`.
-            let started = Box::into_raw(Box::new(Started {
-                start,
-                arg,
-                held: guard::Held::nothing(),
-                program_thread,
-            }));
-            let rc = create(thread, attr, run_started, started.cast());
-            if rc != 0 {
-                drop(Box::from_raw(started));
-            }
-            return rc;
+        let guarded = guard::active();
+        if !guarded && (!program_thread || !crate::runtime::ready()) {
+            return create(thread, attr, start, arg);
         }
         // The new thread reads the global locale's LC_CTYPE data (malloc'd when the program
         // set its locale, so in the region) in glibc's start_thread, before it unblocks the
         // signals glibc blocked for the start: a fault there would end the process. That data
         // stays in DRAM until the thread runs its start routine, where signals are unblocked.
-        let stack_in_heap = !attr.is_null() && hold_stack_top(attr);
-        let ctype = ctype_data();
-        let held = guard::keep_in_memory(ctype, ctype + 2 * zmem_region::PAGE);
+        // Without the guard nothing is kept; the thread is still prepared in `run_started`.
+        let (stack_in_heap, held) = if guarded {
+            let stack_in_heap = !attr.is_null() && hold_stack_top(attr);
+            let ctype = ctype_data();
+            let held = guard::keep_in_memory(ctype, ctype + 2 * zmem_region::PAGE);
+            (stack_in_heap, held)
+        } else {
+            (false, guard::Held::nothing())
+        };
         let started = Box::into_raw(Box::new(Started {
             start,
             arg,

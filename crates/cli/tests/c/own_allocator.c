@@ -52,14 +52,13 @@ static void *map(size_t len) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-/* A block with its own mapping, `align` <= PAGE: the header sits just below the block. */
-static void *alloc_mapped(size_t n, size_t align) {
+/* A block with its own mapping (so page-aligned): the header sits just below the block. */
+static void *alloc_mapped(size_t n) {
     size_t len = (PAGE + n + PAGE - 1) & ~(size_t)(PAGE - 1);
     pthread_mutex_lock(&lock); /* mmap under the lock, as jemalloc does */
     char *m = map(len);
     pthread_mutex_unlock(&lock);
     if (!m) { errno = ENOMEM; return NULL; }
-    (void)align;
     char *p = m + PAGE;
     struct hdr *h = (struct hdr *)(p - HDR);
     h->size = n;
@@ -69,7 +68,7 @@ static void *alloc_mapped(size_t n, size_t align) {
 
 void *malloc(size_t n) {
     if (n == 0) n = 1;
-    if (n > ((size_t)16 << (CLASSES - 1))) return alloc_mapped(n, 16);
+    if (n > ((size_t)16 << (CLASSES - 1))) return alloc_mapped(n);
     int c = class_of(n);
     size_t sz = (size_t)16 << c;
     pthread_mutex_lock(&lock);
@@ -130,7 +129,7 @@ void *realloc(void *p, size_t n) {
 void *memalign(size_t align, size_t n) {
     if (align <= 16) return malloc(n);
     if (align > PAGE || (align & (align - 1))) { errno = EINVAL; return NULL; }
-    return alloc_mapped(n, align);
+    return alloc_mapped(n);
 }
 
 void *aligned_alloc(size_t align, size_t n) { return memalign(align, n); }
