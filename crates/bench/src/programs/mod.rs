@@ -18,6 +18,13 @@
 //! page cache it reads first). The inputs are written by the bench before the runs, so their page
 //! cache is charged to the bench, not to the cgroup. Both sides' peak RSS is in the JSON.
 //!
+//! The heap's footprint both ways (issue 10 item 5): "heap plain" is the plain run's resident
+//! anonymous memory at its most (sampled every 10 ms: the heap under the program's own
+//! allocator, with its stacks), "heap zmem" zmem's peak heap data (resident + evicted, under
+//! zmem's allocator, mimalloc). Where zmem's is larger, zmem has more to keep in the same
+//! budget than the kernel has (DESIGN-NOTES, "The heap's footprint: mimalloc's size classes").
+//! Both are of the process the bench started (gcc: the driver, not cc1).
+//!
 //! Modules: [`inputs`] (the deterministic inputs and command lines), [`run`] (one execution with
 //! its output compared, the kernel side's guards, the loop), [`report`] (medians, the table, the
 //! JSON, the chart).

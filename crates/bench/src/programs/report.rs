@@ -67,6 +67,8 @@ pub struct RunRecord {
     pub sys_s: f64,
     /// Peak RSS (wait4), bytes.
     pub max_rss: u64,
+    /// Most resident anonymous memory of the started process, sampled every 10 ms, bytes.
+    pub peak_anon: u64,
     /// zmem side: zmem's major faults (decompressions); else the kernel's (wait4).
     pub major_faults: u64,
     pub rusage_major_faults: u64,
@@ -127,8 +129,14 @@ pub struct SideSummary {
     pub cpu_s: Option<f64>,
     pub major_faults: Option<u64>,
     pub max_rss: Option<u64>,
+    /// Resident anonymous memory at its most (sampled): on the plain side, the heap's footprint
+    /// under the program's own allocator.
+    pub peak_anon: Option<u64>,
     /// zmem side: evictions (median).
     pub evictions: Option<u64>,
+    /// zmem side: its peak heap data (resident + evicted, uncompressed), the heap's footprint
+    /// under zmem's allocator (issue 10 item 5: no larger than `peak_anon` of the plain run).
+    pub peak_data: Option<u64>,
 }
 
 /// One program at one budget, side by side.
@@ -176,9 +184,15 @@ fn side_summary<'a>(runs: impl Iterator<Item = &'a RunRecord>) -> SideSummary {
         cpu_s: median_f(ok.iter().map(|r| r.user_s + r.sys_s).collect()),
         major_faults: median_u(ok.iter().map(|r| r.major_faults).collect()),
         max_rss: median_u(ok.iter().map(|r| r.max_rss).collect()),
+        peak_anon: median_u(ok.iter().map(|r| r.peak_anon).filter(|&a| a > 0).collect()),
         evictions: median_u(
             ok.iter()
                 .filter_map(|r| r.zmem.as_ref().map(|z| z.evictions))
+                .collect(),
+        ),
+        peak_data: median_u(
+            ok.iter()
+                .filter_map(|r| r.zmem.as_ref().map(|z| z.peak_data))
                 .collect(),
         ),
     }
@@ -254,6 +268,8 @@ pub fn table(rows: &[Summary], kernel: bool) -> String {
     let mut header: Vec<String> = [
         "program",
         "peak RSS",
+        "heap plain",
+        "heap zmem",
         "budget",
         "plain s",
         "zmem s",
@@ -279,6 +295,14 @@ pub fn table(rows: &[Summary], kernel: bool) -> String {
                 .max_rss
                 .map(format_mib)
                 .unwrap_or_else(|| "-".into()),
+            s.plain
+                .peak_anon
+                .map(format_mib)
+                .unwrap_or_else(|| "-".into()),
+            s.zmem
+                .peak_data
+                .map(format_mib)
+                .unwrap_or_else(|| "-".into()),
             format_size(s.resident),
             cell(&s.plain, secs),
             cell(&s.zmem, secs),
@@ -296,7 +320,7 @@ pub fn table(rows: &[Summary], kernel: bool) -> String {
             r = r
                 .into_iter()
                 .enumerate()
-                .filter(|(i, _)| ![5, 6, 9, 11].contains(i))
+                .filter(|(i, _)| ![7, 8, 11, 13].contains(i))
                 .map(|(_, c)| c)
                 .collect();
         }
@@ -436,6 +460,7 @@ mod tests {
             user_s: wall / 2.0,
             sys_s: 0.0,
             max_rss: 100 << 20,
+            peak_anon: 90 << 20,
             major_faults: 10,
             rusage_major_faults: 0,
             rusage_minor_faults: 0,
@@ -470,8 +495,24 @@ mod tests {
                 rec(Side::Kernel, "ok", 10.0),
             ],
         };
+        let mut r = r;
+        for (i, run) in r
+            .runs
+            .iter_mut()
+            .filter(|x| x.side == Side::Zmem)
+            .enumerate()
+        {
+            run.zmem = Some(ZmemFigures {
+                peak_data: (110 + 20 * i as u64) << 20,
+                ..ZmemFigures::default()
+            });
+        }
         let s = summarize(&[r], &[16 << 20]);
         assert_eq!(s.len(), 1);
+        // The heap's footprint both ways: the plain run's resident anonymous memory beside
+        // zmem's peak heap data (median of 110 and 130 MiB).
+        assert_eq!(s[0].plain.peak_anon, Some(90 << 20));
+        assert_eq!(s[0].zmem.peak_data, Some(120 << 20));
         assert_eq!(s[0].plain.wall_s, Some(2.0));
         assert_eq!(s[0].zmem.wall_s, Some(5.0));
         let k = s[0].kernel.as_ref().unwrap();
@@ -480,7 +521,9 @@ mod tests {
         let t = table(&s, true);
         assert!(t.contains("10.00 (OOM 1/2)"), "{t}");
         assert!(t.contains("0.50"), "{t}");
+        assert!(t.contains("90 MiB") && t.contains("120 MiB"), "{t}");
         let t = table(&s, false);
         assert!(!t.contains("kernel"), "{t}");
+        assert!(t.contains("heap plain") && t.contains("120 MiB"), "{t}");
     }
 }

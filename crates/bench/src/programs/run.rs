@@ -53,6 +53,10 @@ pub struct Exit {
     pub sys_s: f64,
     /// Peak RSS, bytes (the program or its largest waited-for child).
     pub max_rss: u64,
+    /// Most resident anonymous memory of the started process (not its children), bytes,
+    /// sampled every 10 ms; 0 if never read. Without a limit (the plain run) this is its heap's
+    /// footprint under its own allocator.
+    pub peak_anon: u64,
     pub major_faults: u64,
     pub minor_faults: u64,
     /// Killed after `--timeout`.
@@ -189,7 +193,12 @@ pub fn execute(
     let mut timed_out = false;
     let mut interrupted = false;
     let mut killed = false;
-    loop {
+    let mut peak_anon = 0;
+    let status_path = format!("/proc/{pid}/status");
+    for polls in 0u64.. {
+        if polls % 5 == 0 {
+            peak_anon = peak_anon.max(rss_anon(&status_path).unwrap_or(0));
+        }
         // SAFETY: pid is our child, not reaped yet; status and ru are valid out-pointers.
         let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
         if r == pid {
@@ -233,6 +242,7 @@ pub fn execute(
         user_s: secs(ru.ru_utime),
         sys_s: secs(ru.ru_stime),
         max_rss: ru.ru_maxrss as u64 * 1024,
+        peak_anon,
         major_faults: ru.ru_majflt as u64,
         minor_faults: ru.ru_minflt as u64,
         timed_out,
@@ -241,6 +251,23 @@ pub fn execute(
         difference,
         stderr_tail,
     })
+}
+
+/// `RssAnon` of a /proc/PID/status file, in bytes (None: gone, or a kernel without the line).
+fn rss_anon(status_path: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(status_path).ok()?;
+    parse_rss_anon(&text)
+}
+
+fn parse_rss_anon(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kib: u64 = line["RssAnon:".len()..]
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// Copies the output to `f`: (bytes, None).
@@ -757,6 +784,7 @@ fn record(
         user_s: exit.user_s,
         sys_s: exit.sys_s,
         max_rss: exit.max_rss,
+        peak_anon: exit.peak_anon,
         // A userfaultfd fault counts as minor for the kernel: zmem's own count on its side.
         major_faults: match (side, &zmem) {
             (Side::Zmem, Some(z)) => z.major_faults,
@@ -827,6 +855,19 @@ fn log_run(ctx: &Ctx<'_>, program: &str, r: &RunRecord) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rss_anon_is_read_from_proc_status() {
+        let status =
+            "Name:\tjq\nVmRSS:\t  130000 kB\nRssAnon:\t  123220 kB\nRssFile:\t    4000 kB\n";
+        assert_eq!(parse_rss_anon(status), Some(123_220 * 1024));
+        assert_eq!(parse_rss_anon("Name:\tjq\n"), None);
+        assert_eq!(parse_rss_anon("RssAnon:\t garbage kB\n"), None);
+        // This process has some.
+        let me = format!("/proc/{}/status", std::process::id());
+        assert!(rss_anon(&me).is_some_and(|b| b > 0));
+        assert_eq!(rss_anon("/proc/0/status"), None);
+    }
     use std::io::{Seek, Write};
 
     fn reference(bytes: &[u8]) -> std::fs::File {
