@@ -476,7 +476,7 @@ mod tests {
 
     #[test]
     fn medians_ratios_and_lost_runs() {
-        let r = ProgramResult {
+        let mut r = ProgramResult {
             program: Program::Sort,
             binary: "sort".into(),
             version: String::new(),
@@ -495,7 +495,6 @@ mod tests {
                 rec(Side::Kernel, "ok", 10.0),
             ],
         };
-        let mut r = r;
         for (i, run) in r
             .runs
             .iter_mut()

@@ -855,6 +855,7 @@ fn log_run(ctx: &Ctx<'_>, program: &str, r: &RunRecord) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Seek, Write};
 
     #[test]
     fn rss_anon_is_read_from_proc_status() {
@@ -868,7 +869,6 @@ mod tests {
         assert!(rss_anon(&me).is_some_and(|b| b > 0));
         assert_eq!(rss_anon("/proc/0/status"), None);
     }
-    use std::io::{Seek, Write};
 
     fn reference(bytes: &[u8]) -> std::fs::File {
         let mut f = tempfile::tempfile().unwrap();
