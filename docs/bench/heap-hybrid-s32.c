@@ -1,7 +1,11 @@
 // Experiment (session 32): mimalloc for everything except requests of LO..HI bytes, which go
 // to glibc's best-fit malloc. Shows how much of mimalloc's extra footprint the mid-size
 // classes account for. free/realloc/usable_size route by asking mimalloc whether it owns the
-// pointer (mi_is_in_heap_region).
+// pointer (mi_is_in_heap_region). An experiment, not zmem code: glibc's usable size is read
+// from its chunk header, and realloc always moves.
+// Build, with MI the mimalloc v3 sources of the libmimalloc-sys crate (c_src/mimalloc/v3):
+//   gcc -O2 -shared -fPIC -DNDEBUG -I$MI/include heap-hybrid-s32.c $MI/src/static.c -o hyb.so -lpthread
+// Run: LD_PRELOAD=./hyb.so MIMALLOC_PURGE_DELAY=0 sqlite3 -batch :memory: < script.sql
 #define _GNU_SOURCE
 #include <stddef.h>
 #include <stdlib.h>
