@@ -1,0 +1,392 @@
+use std::collections::BTreeMap;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+/// Anonymous memory for a span, unmapped on drop.
+struct Mem {
+    base: usize,
+    len: usize,
+}
+
+impl Mem {
+    fn new(len: usize) -> Mem {
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Mem {
+            base: p as usize,
+            len,
+        }
+    }
+
+    fn fit(&self, step: usize) -> Fit {
+        let mut f = Fit::new();
+        // SAFETY: the mapping is ours, zero, and outlives the allocator in every test.
+        unsafe { f.init(self.base, self.base + self.len, step).unwrap() };
+        f
+    }
+
+    /// Drops pages as the preload library does.
+    fn drop_pages(&self, (at, len): (usize, usize)) {
+        assert!(at >= self.base && at + len <= self.base + self.len);
+        assert_eq!(at % PAGE, 0);
+        assert_eq!(len % PAGE, 0);
+        // SAFETY: inside our mapping.
+        assert_eq!(
+            unsafe { libc::madvise(at as *mut _, len, libc::MADV_DONTNEED) },
+            0
+        );
+    }
+
+    fn resident_pages(&self) -> usize {
+        let mut v = vec![0u8; self.len / PAGE];
+        // SAFETY: our mapping, one byte per page.
+        assert_eq!(
+            unsafe { libc::mincore(self.base as *mut _, self.len, v.as_mut_ptr()) },
+            0
+        );
+        v.iter().filter(|&&b| b & 1 != 0).count()
+    }
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(self.base as *mut _, self.len) };
+    }
+}
+
+fn fill(p: usize, len: usize, tag: u8) {
+    // SAFETY: a live block of at least len bytes.
+    unsafe { std::ptr::write_bytes(p as *mut u8, tag, len) };
+}
+
+fn holds(p: usize, len: usize, tag: u8) -> bool {
+    // SAFETY: a live block of at least len bytes.
+    let s = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+    s.iter().all(|&b| b == tag)
+}
+
+/// The smallest size list (f, s) holds.
+fn class_min(f: usize, s: usize) -> usize {
+    if f == 0 {
+        s * GRANULE
+    } else {
+        let lg = f as u32 + SMALL_LG - 1;
+        (1 << lg) + (s << (lg - SL_BITS))
+    }
+}
+
+#[test]
+fn classes_hold_what_the_search_promises() {
+    for size in (MIN_BLOCK..4 << 20).step_by(GRANULE) {
+        let (f, s) = class(size);
+        assert!(class_min(f, s) <= size, "{size} in ({f},{s})");
+        assert!(class(size + GRANULE) >= (f, s), "classes grow with size");
+        let (f2, s2) = class_at_least(size);
+        assert!(
+            class_min(f2, s2) >= size,
+            "every block of the searched list holds {size}"
+        );
+        // At most one class above the one the size itself is in.
+        assert!((f2, s2) >= (f, s));
+    }
+    assert_eq!(block_size(4368), Some(4384));
+    assert_eq!(block_size(4369), Some(4400));
+    assert_eq!(block_size(1), Some(MIN_BLOCK));
+    assert_eq!(block_size(usize::MAX - 8), None);
+    assert_eq!(Fit::usable_for(4368), Some(4368));
+}
+
+#[test]
+fn blocks_are_exact_fit_and_the_span_grows_by_steps() {
+    let mem = Mem::new(64 << 20);
+    let mut fit = mem.fit(1 << 20);
+    let mut ptrs = Vec::new();
+    for i in 0..1000 {
+        // SAFETY: the span is valid (Mem).
+        let p = unsafe { fit.alloc(4368) }.unwrap();
+        assert_eq!(p % GRANULE, 0);
+        assert_eq!(unsafe { fit.usable_size(p) }, Ok(4368));
+        fill(p, 4368, i as u8);
+        ptrs.push(p);
+    }
+    // Side by side, 4384 bytes apart: what glibc's best fit would take, not mimalloc's 5120.
+    for w in ptrs.windows(2) {
+        assert_eq!(w[1] - w[0], 4384);
+    }
+    let st = fit.stats();
+    assert_eq!(st.live, 1000 * 4384);
+    assert_eq!(st.blocks, 1000);
+    assert_eq!(
+        st.span,
+        5 << 20,
+        "five steps of 1 MiB hold 4.2 MiB of blocks"
+    );
+    assert_eq!(fit.top(), mem.base + st.span);
+    for (i, &p) in ptrs.iter().enumerate() {
+        assert!(holds(p, 4368, i as u8));
+    }
+    unsafe { fit.check() }.unwrap();
+}
+
+#[test]
+fn bad_pointers_get_typed_errors_and_change_nothing() {
+    let mem = Mem::new(4 << 20);
+    let mut fit = mem.fit(1 << 20);
+    // SAFETY: the span is valid (Mem); the bad pointers are refused before any write.
+    unsafe {
+        let p = fit.alloc(3000).unwrap();
+        let q = fit.alloc(3000).unwrap();
+        assert_eq!(fit.free(p + 8), Err(FitError::Foreign { addr: p + 8 }));
+        assert_eq!(
+            fit.free(mem.base + mem.len + 16),
+            Err(FitError::Foreign {
+                addr: mem.base + mem.len + 16
+            })
+        );
+        assert_eq!(fit.free(8), Err(FitError::Foreign { addr: 8 }));
+        assert_eq!(fit.free(p), Ok(None));
+        assert_eq!(fit.free(p), Err(FitError::DoubleFree { addr: p }));
+        assert_eq!(fit.usable_size(p), Err(FitError::DoubleFree { addr: p }));
+        // A write past the end of p's neighbour destroys q's header.
+        *((q - 8) as *mut usize) = 0x7;
+        assert!(matches!(fit.free(q), Err(FitError::DoubleFree { .. })));
+        *((q - 8) as *mut usize) = 0x10_0000_0000;
+        assert!(matches!(fit.free(q), Err(FitError::Corrupt { .. })));
+        *((q - 8) as *mut usize) = (3008 + HEADER) | 2;
+        assert!(fit.free(q).is_ok());
+        fit.check().unwrap();
+    }
+    let mut f = Fit::new();
+    // SAFETY: refused before anything is written.
+    unsafe {
+        assert!(f.alloc(10).is_none(), "no span yet");
+        assert!(matches!(
+            f.init(mem.base + 8, mem.base + mem.len, PAGE),
+            Err(FitError::Span { .. })
+        ));
+        assert!(matches!(
+            f.init(mem.base, mem.base + PAGE, PAGE),
+            Err(FitError::Span { .. })
+        ));
+        assert!(matches!(
+            f.init(mem.base, mem.base + mem.len, 100),
+            Err(FitError::Span { .. })
+        ));
+        assert!(matches!(
+            f.init(0, 1 << 20, PAGE),
+            Err(FitError::Span { .. })
+        ));
+    }
+}
+
+#[test]
+fn a_full_span_refuses_then_serves_again_after_frees() {
+    let mem = Mem::new(1 << 20);
+    let mut fit = mem.fit(64 << 10);
+    let mut ptrs = Vec::new();
+    // SAFETY: the span is valid (Mem).
+    unsafe {
+        while let Some(p) = fit.alloc(10_000) {
+            ptrs.push(p);
+        }
+        assert!(ptrs.len() >= 100, "{} blocks of 10 KB in 1 MiB", ptrs.len());
+        assert!(fit.alloc(10_000).is_none());
+        assert!(fit.alloc(2 << 20).is_none(), "larger than the span");
+        fit.free(ptrs[3]).unwrap();
+        let p = fit.alloc(10_000).unwrap();
+        assert_eq!(p, ptrs[3], "the freed block serves the same size again");
+        for &q in ptrs.iter() {
+            fit.free(q).unwrap();
+        }
+        let (live, free, bytes) = fit.check().unwrap();
+        assert_eq!((live, free), (0, 1), "everything coalesced into one block");
+        assert_eq!(bytes + HEADER, fit.stats().span);
+    }
+}
+
+#[test]
+fn resizes_in_place_keep_contents() {
+    let mem = Mem::new(4 << 20);
+    let mut fit = mem.fit(1 << 20);
+    // SAFETY: the span is valid (Mem).
+    unsafe {
+        let a = fit.alloc(2000).unwrap();
+        let b = fit.alloc(2000).unwrap();
+        let c = fit.alloc(2000).unwrap();
+        fill(a, 2000, 1);
+        fill(c, 2000, 3);
+        fit.free(b).unwrap();
+        // a grows into b's space.
+        assert_eq!(
+            fit.resize_in_place(a, 3500),
+            Ok(Resized::Done { release: None })
+        );
+        assert_eq!(fit.usable_size(a), Ok(3504));
+        assert!(holds(a, 2000, 1));
+        fill(a, 3500, 1);
+        // No room for more: c is in the way.
+        assert_eq!(fit.resize_in_place(a, 8000), Ok(Resized::Move));
+        // Shrinks free the tail.
+        assert!(matches!(
+            fit.resize_in_place(a, 100),
+            Ok(Resized::Done { .. })
+        ));
+        assert_eq!(fit.usable_size(a), Ok(112));
+        assert!(holds(a, 100, 1));
+        assert!(holds(c, 2000, 3));
+        fit.check().unwrap();
+        // The last block grows into the free rest of the span.
+        assert!(matches!(
+            fit.resize_in_place(c, 60_000),
+            Ok(Resized::Done { .. })
+        ));
+        assert!(holds(c, 2000, 3));
+        assert_eq!(
+            fit.resize_in_place(c + 8, 10),
+            Err(FitError::Foreign { addr: c + 8 })
+        );
+        fit.check().unwrap();
+    }
+}
+
+/// Freed pages are reported once the blocks around them are free, never a page a live block
+/// uses: checked by really dropping them (a live block there would read back zeros).
+#[test]
+fn released_pages_are_never_live_and_all_come_back() {
+    let mem = Mem::new(32 << 20);
+    let mut fit = mem.fit(256 << 10);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut ptrs = Vec::new();
+    // SAFETY: the span is valid (Mem).
+    unsafe {
+        for i in 0..3000u32 {
+            let n = rng.random_range(1000..20_000);
+            let p = fit.alloc(n).unwrap();
+            fill(p, n, i as u8);
+            ptrs.push((p, n, i as u8));
+        }
+        let before = mem.resident_pages();
+        // Free in random order; drop every released range.
+        while !ptrs.is_empty() {
+            let k = rng.random_range(0..ptrs.len());
+            let (p, _, _) = ptrs.swap_remove(k);
+            if let Some(r) = fit.free(p).unwrap() {
+                mem.drop_pages(r);
+            }
+            if ptrs.len() % 500 == 0 {
+                for &(q, n, t) in &ptrs {
+                    assert!(holds(q, n, t), "a live block lost its contents");
+                }
+            }
+        }
+        let after = mem.resident_pages();
+        assert!(before > 2000, "{before} pages were used");
+        // One free block: its first page (header and links) and the last (the end header) stay.
+        assert!(
+            after <= 2,
+            "{after} of {before} pages still resident after every free"
+        );
+        assert_eq!(fit.check().unwrap().1, 1);
+    }
+}
+
+/// Random allocation, free and resize against a model: blocks never overlap, contents stay,
+/// released pages never hold a live block, and the structure checks out throughout.
+#[test]
+fn random_operations_match_a_model() {
+    let mem = Mem::new(128 << 20);
+    let mut fit = mem.fit(1 << 20);
+    let mut rng = StdRng::seed_from_u64(42);
+    // user pointer -> (requested bytes, tag)
+    let mut live: BTreeMap<usize, (usize, u8)> = BTreeMap::new();
+    let size = |rng: &mut StdRng| match rng.random_range(0..10) {
+        0..=5 => rng.random_range(1025..8192),
+        6..=8 => rng.random_range(1..1025),
+        _ => rng.random_range(8192..40_000),
+    };
+    for step in 0..60_000u32 {
+        let tag = (step % 251) as u8;
+        // SAFETY: the span is valid (Mem); pointers come from the model.
+        unsafe {
+            match rng.random_range(0..10) {
+                0..=4 => {
+                    let n = size(&mut rng);
+                    let p = fit.alloc(n).expect("128 MiB holds the model's blocks");
+                    assert!(fit.usable_size(p).unwrap() >= n);
+                    let (lo, hi) = (p - HEADER, p + fit.usable_size(p).unwrap());
+                    if let Some((&q, &(qn, _))) = live.range(..p).next_back() {
+                        assert!(q + qn <= lo, "overlaps the block before");
+                    }
+                    if let Some((&q, _)) = live.range(p..).next() {
+                        assert!(q - HEADER >= hi, "overlaps the block after");
+                    }
+                    fill(p, n, tag);
+                    live.insert(p, (n, tag));
+                }
+                5..=7 if !live.is_empty() => {
+                    let k = *live.keys().nth(rng.random_range(0..live.len())).unwrap();
+                    let (n, t) = live.remove(&k).unwrap();
+                    assert!(holds(k, n, t), "block {k:#x} lost its contents");
+                    if let Some(r) = fit.free(k).unwrap() {
+                        assert_no_live_in(&live, r);
+                        mem.drop_pages(r);
+                    }
+                }
+                8..=9 if !live.is_empty() => {
+                    let k = *live.keys().nth(rng.random_range(0..live.len())).unwrap();
+                    let (n, t) = live[&k];
+                    let m = size(&mut rng);
+                    match fit.resize_in_place(k, m).unwrap() {
+                        Resized::Done { release } => {
+                            assert!(fit.usable_size(k).unwrap() >= m);
+                            assert!(holds(k, n.min(m), t));
+                            live.insert(k, (m, tag));
+                            if let Some(r) = release {
+                                assert_no_live_in(&live, r);
+                                mem.drop_pages(r);
+                            }
+                            fill(k, m, tag);
+                        }
+                        Resized::Move => assert!(m > n, "a shrink is always done in place"),
+                    }
+                }
+                _ => {}
+            }
+        }
+        if step % 5000 == 0 {
+            // SAFETY: as above.
+            let (blocks, _, _) = unsafe { fit.check() }.unwrap();
+            assert_eq!(blocks, live.len());
+            for (&p, &(n, t)) in &live {
+                assert!(holds(p, n, t));
+            }
+        }
+    }
+    for (&p, &(n, t)) in &live {
+        assert!(holds(p, n, t));
+    }
+}
+
+fn assert_no_live_in(live: &BTreeMap<usize, (usize, u8)>, (at, len): (usize, usize)) {
+    // Blocks are under 64 KiB: any that reaches into the range starts after at - 64 KiB.
+    for (&p, &(n, _)) in live.range(at.saturating_sub(64 << 10)..at + len + HEADER) {
+        assert!(
+            p + n <= at || p - HEADER >= at + len,
+            "released [{at:#x}, +{len}) holds block {p:#x}+{n}"
+        );
+    }
+}
