@@ -126,6 +126,12 @@ pub struct RunArgs {
     /// registers point into with their histories. Costs 128 bytes per page touched.
     #[arg(long)]
     pub trace_pages: bool,
+    /// Serve every heap block from mimalloc, mid-size ones (1–32 KiB) included. By default
+    /// those come from an exact-fit allocator (the request plus 16 bytes, as glibc's malloc
+    /// gives), where mimalloc's size classes would round them up by up to 25%: bytes a small
+    /// budget would evict and fault back like data.
+    #[arg(long)]
+    pub no_exact_fit: bool,
     /// Write the final statistics as JSON here.
     #[arg(long)]
     pub stats: Option<PathBuf>,
@@ -276,6 +282,7 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
         },
         verify_pages: a.verify_pages,
         trace_pages: a.trace_pages,
+        exact_fit: !a.no_exact_fit,
         // Absolute, like --stats.
         ssd: a
             .ssd

@@ -104,6 +104,8 @@ pub struct Fit {
     end: usize,
     limit: usize,
     grow_step: usize,
+    /// Free blocks with fewer bytes of whole inner pages keep them (see `release_block`).
+    release_min: usize,
     fl_map: u64,
     sl_map: [u32; FL],
     heads: [[usize; SL]; FL],
@@ -181,6 +183,34 @@ fn block_size(req: usize) -> Option<usize> {
     (n < MAX_SPAN).then_some(n.max(MIN_BLOCK))
 }
 
+/// Bytes at a free block's start that are never dropped: header, links and its count of
+/// undropped bytes.
+const INNER_SKIP: usize = MIN_BLOCK + 8;
+
+/// The whole pages of a free block at `b` of `size` bytes past its header, links and count,
+/// before the next block's header: what can be dropped (empty when `lo >= hi`).
+#[inline]
+fn inner(b: usize, size: usize) -> (usize, usize) {
+    (page_up(b + INNER_SKIP), page_down(b + size))
+}
+
+/// Whether a free block has inner pages (and so a count of undropped bytes).
+#[inline]
+fn has_inner(b: usize, size: usize) -> bool {
+    let (lo, hi) = inner(b, size);
+    hi > lo
+}
+
+#[inline]
+unsafe fn undropped(b: usize) -> usize {
+    unsafe { word(b + MIN_BLOCK) }
+}
+
+#[inline]
+unsafe fn set_undropped(b: usize, v: usize) {
+    unsafe { set_word(b + MIN_BLOCK, v) }
+}
+
 #[inline]
 fn page_down(a: usize) -> usize {
     a & !(PAGE - 1)
@@ -199,6 +229,7 @@ impl Fit {
             end: 0,
             limit: 0,
             grow_step: 0,
+            release_min: 0,
             fl_map: 0,
             sl_map: [0; FL],
             heads: [[0; SL]; FL],
@@ -212,7 +243,8 @@ impl Fit {
     }
 
     /// Takes `[base, limit)` as the span, used upward `grow_step` bytes (a multiple of
-    /// [`PAGE`]) at a time.
+    /// [`PAGE`]) at a time. A free block's whole pages are reported for dropping once they
+    /// reach `release_min` bytes (0: every whole page at once).
     ///
     /// # Safety
     /// The span is mapped, readable and writable, zero, used by nothing else, and stays so for
@@ -222,6 +254,7 @@ impl Fit {
         base: usize,
         limit: usize,
         grow_step: usize,
+        release_min: usize,
     ) -> Result<(), FitError> {
         let bad = |why| FitError::Span { base, limit, why };
         if base == 0 || base % PAGE != 0 || limit % PAGE != 0 {
@@ -237,6 +270,7 @@ impl Fit {
         self.base = base;
         self.limit = limit;
         self.grow_step = grow_step;
+        self.release_min = release_min;
         // The end header (size 0, used) at the start: the first growth makes it a free block.
         // SAFETY: base is a word of the span (caller's contract); it is zero already.
         unsafe { set_size_word(base, 0) };
@@ -352,14 +386,25 @@ impl Fit {
         unsafe {
             let end_word = size_word(at);
             let (mut b, mut size) = (at, step);
+            // The new memory was never touched: only the free last block's pages may be
+            // resident (all of them, if it kept no count).
+            let mut count = 0;
             if end_word & PREV_FREE != 0 {
                 let ps = word(at);
                 b = at - ps;
                 self.remove(b, ps);
+                count = match has_inner(b, ps) {
+                    true => undropped(b) + 2 * PAGE,
+                    false => page_up(ps) + PAGE,
+                };
                 size += ps;
             }
             set_size_word(b, size | FREE);
             self.insert(b, size);
+            let (lo, hi) = inner(b, size);
+            if hi > lo {
+                set_undropped(b, count.min(hi - lo));
+            }
             let new_end = b + size;
             set_word(new_end, size);
             set_size_word(new_end, PREV_FREE);
@@ -393,6 +438,7 @@ impl Fit {
             if size - n >= MIN_BLOCK {
                 let r = b + n;
                 let rest = size - n;
+                Self::split_count(b, size, n);
                 set_size_word(r, rest | FREE);
                 self.insert(r, rest);
                 // The block after keeps PREV_FREE; its prev_size is now the remainder's.
@@ -438,8 +484,9 @@ impl Fit {
         Ok((w & !FLAGS) - HEADER)
     }
 
-    /// Frees the block at `p`. Returns the whole pages the coalesced free block newly leaves
-    /// unused, `(start, bytes)`, for the caller to drop before anything else allocates.
+    /// Frees the block at `p`. Returns whole pages the coalesced free block leaves unused and
+    /// that are not dropped yet, `(start, bytes)`, for the caller to drop before anything else
+    /// allocates (see `release_min` in [`Fit::init`]).
     ///
     /// # Safety
     /// [`Fit::init`]'s contract holds. `p` was returned by this allocator; a freed block that
@@ -455,7 +502,15 @@ impl Fit {
         }
     }
 
-    /// Makes the used block `[b, b + size)` free, coalesced with free neighbours.
+    /// Makes the used block `[b, b + size)` free, coalesced with free neighbours, and says
+    /// which pages to drop.
+    ///
+    /// A free block with inner pages (whole pages past its header, links and count, before
+    /// the next header) keeps a count of the inner bytes that may still be resident
+    /// ("undropped"); they are dropped, all the inner pages in one call, once the count reaches
+    /// `release_min`. Dropping every freed page at once cost sqlite 35k madvise calls (each a
+    /// REMOVE event for the region) and as many faults, the same pages being reused at once;
+    /// a hole that only churns at its edge now drops its pages every `release_min` bytes.
     unsafe fn release_block(
         &mut self,
         b: usize,
@@ -464,7 +519,8 @@ impl Fit {
     ) -> Option<(usize, usize)> {
         let (freed_start, freed_end) = (b, b + size);
         let (mut b, mut size) = (b, size);
-        let mut merged_next = false;
+        // Undropped bytes the merged neighbours bring, if they kept a count.
+        let (mut from_next, mut from_prev) = (None, None);
         // SAFETY: b's neighbours are blocks of the span (the end header bounds it).
         unsafe {
             let next = b + size;
@@ -473,13 +529,14 @@ impl Fit {
                 let ns = nw & !FLAGS;
                 self.remove(next, ns);
                 size += ns;
-                merged_next = true;
+                from_next = has_inner(next, ns).then(|| undropped(next));
             }
             if prev_free {
                 let ps = word(b);
                 b -= ps;
                 self.remove(b, ps);
                 size += ps;
+                from_prev = has_inner(b, ps).then(|| undropped(b));
             }
             set_size_word(b, size | FREE);
             self.insert(b, size);
@@ -487,21 +544,45 @@ impl Fit {
             set_word(next, size);
             set_size_word(next, size_word(next) | PREV_FREE);
         }
-        // Whole pages of the free block past its header and links, before the next header.
-        // Those outside the freed range were inside a free block already and dropped then; the
-        // next block's first page holds its header, so it counts as freed when it merged.
-        let inner = (page_up(b + MIN_BLOCK), page_down(b + size));
-        let touched_end = if merged_next {
-            freed_end + MIN_BLOCK
-        } else {
-            freed_end
+        if !has_inner(b, size) {
+            return None;
+        }
+        let (inner_lo, inner_hi) = inner(b, size);
+        // Inner pages of the merged block that were not inner pages of a counted neighbour:
+        // the freed block's, and the pages that held the neighbours' headers.
+        let lo = match from_prev {
+            Some(_) => inner_lo.max(page_down(freed_start)),
+            None => inner_lo,
         };
-        let touched = (page_down(freed_start), page_up(touched_end));
-        let (lo, hi) = (inner.0.max(touched.0), inner.1.min(touched.1));
-        (lo < hi).then(|| {
-            self.stats.released += (hi - lo) as u64;
-            (lo, hi - lo)
-        })
+        let hi = match from_next {
+            Some(_) => inner_hi.min(page_up(freed_end + INNER_SKIP)),
+            None => inner_hi,
+        };
+        let count = hi.saturating_sub(lo) + from_prev.unwrap_or(0) + from_next.unwrap_or(0);
+        if count == 0 || count < self.release_min {
+            // SAFETY: b has inner pages, so its count word is past its links, in the block.
+            unsafe { set_undropped(b, count.min(inner_hi - inner_lo)) };
+            return None;
+        }
+        // SAFETY: as above.
+        unsafe { set_undropped(b, 0) };
+        self.stats.released += (inner_hi - inner_lo) as u64;
+        Some((inner_lo, inner_hi - inner_lo))
+    }
+
+    /// After the first `taken` bytes of the free block `b` (`size` bytes) went to a block:
+    /// the free rest at `b + taken` keeps the count, less what the taken part used (taken
+    /// from the front, where the pages freed last usually are).
+    unsafe fn split_count(b: usize, size: usize, taken: usize) {
+        let (r, rest) = (b + taken, size - taken);
+        if has_inner(r, rest) {
+            // SAFETY: both are free blocks of the span with room for a count (checked).
+            unsafe {
+                let before = if has_inner(b, size) { undropped(b) } else { 0 };
+                let (lo, hi) = inner(r, rest);
+                set_undropped(r, before.saturating_sub(taken).min(hi - lo));
+            }
+        }
     }
 
     /// Resizes the block at `p` to hold `req` bytes where it is: shrinking always works (the
@@ -543,6 +624,7 @@ impl Fit {
             if total - n >= MIN_BLOCK {
                 let r = b + n;
                 let rest = total - n;
+                Self::split_count(next, ns, n - size);
                 set_size_word(r, rest | FREE);
                 self.insert(r, rest);
                 set_word(r + rest, rest);
@@ -599,6 +681,14 @@ impl Fit {
                 if is_free {
                     free += 1;
                     free_bytes += size;
+                    let (lo, hi) = inner(at, size);
+                    if hi > lo && undropped(at) > hi - lo {
+                        return Err(format!(
+                            "free block {at:#x}: count {} > {}",
+                            undropped(at),
+                            hi - lo
+                        ));
+                    }
                     let (f, s) = class(size);
                     let mut x = self.heads[f][s];
                     let mut found = false;

@@ -16,6 +16,14 @@
 //! `free` and friends route a pointer by address: inside the program heap's span it is
 //! mimalloc's, anywhere else glibc's (including what was allocated before zmem started).
 //!
+//! Mid-size blocks of the program heap ([`MID_MIN`]..=[`MID_MAX`] bytes, 16-byte aligned) come
+//! from an exact-fit allocator (zmem_fit) over the last eighth of the heap's span instead of
+//! mimalloc, whose 4 classes per power of two round such blocks up by up to 25%: under a small
+//! budget those bytes are evicted and faulted back like data (sqlite's 4368-byte page-cache
+//! pages took 5120 bytes each). Smaller blocks stay with mimalloc, whose per-thread fast path
+//! is what keeps malloc-heavy programs at plain speed; larger ones lose little to its classes.
+//! `ZMEM_EXACT_FIT=0` (`--no-exact-fit`) leaves every block to mimalloc.
+//!
 //! zmem's own threads are marked ([`mark_internal`], run by zmem_os's thread start hook).
 //! mimalloc reads an arena's bookkeeping (at the start of the memory it manages) from any
 //! thread, so those pages are pinned in DRAM ([`pins`]).
@@ -124,6 +132,118 @@ pub fn in_program_heap(p: *const c_void) -> bool {
     p >= PROGRAM_START.load(Relaxed) && p < PROGRAM_END.load(Relaxed)
 }
 
+/// The exact-fit span's bounds (0, 0 while it is off) and its allocator. Its lock is a flag
+/// that fork takes and resets ([`zmem_os::spin::SpinLock`]): a holder may wait for a fault.
+static MID_START: AtomicUsize = AtomicUsize::new(0);
+static MID_END: AtomicUsize = AtomicUsize::new(0);
+static MID: zmem_os::spin::SpinLock<zmem_fit::Fit> =
+    zmem_os::spin::SpinLock::new(zmem_fit::Fit::new());
+/// Requests of this many bytes and up, to [`MID_MAX`], are exact-fit blocks.
+pub const MID_MIN: usize = 1025;
+pub const MID_MAX: usize = 32 << 10;
+/// The exact-fit span is used this much at a time.
+const MID_STEP: usize = 1 << 20;
+/// A free hole of the exact-fit span gives its pages back once it spans this much (zmem_fit's
+/// `release_min`): dropping every freed page made sqlite 25% slower (35k madvise calls, each a
+/// REMOVE event, and as many faults when the holes were reused).
+const MID_RELEASE_MIN: usize = 32 << 10;
+/// Frees of blocks that are not live (double frees, foreign pointers), reported once.
+pub static MID_BAD_FREES: AtomicU64 = AtomicU64::new(0);
+
+/// Whether `p` is an exact-fit block.
+#[inline]
+fn in_mid(p: *const c_void) -> bool {
+    let p = p as usize;
+    p >= MID_START.load(Relaxed) && p < MID_END.load(Relaxed)
+}
+
+/// Whether a request goes to the exact-fit allocator (when it is on).
+#[inline]
+fn mid_size(size: usize, align: usize) -> bool {
+    (MID_MIN..=MID_MAX).contains(&size) && align <= 16
+}
+
+/// An exact-fit block, or null when its span is full (the caller asks mimalloc).
+#[inline]
+unsafe fn mid_alloc(size: usize, zero: bool) -> *mut c_void {
+    let mut fit = MID.lock();
+    let top = fit.top();
+    // SAFETY: the span is part of the region, mapped for the life of the process.
+    let Some(p) = (unsafe { fit.alloc(size) }) else {
+        return null_mut();
+    };
+    let grown = (top, fit.top());
+    drop(fit);
+    if grown.1 > grown.0 {
+        populate(grown.0, grown.1 - grown.0);
+    }
+    if zero {
+        // SAFETY: a live block of at least `size` bytes.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 0, size) };
+    }
+    p as *mut c_void
+}
+
+/// Maps the start of memory the program is about to use for the first time (as mimalloc's
+/// commits do): its first touches are the kernel's cheap faults, as far as the budget allows.
+fn populate(start: usize, len: usize) {
+    if let Some(rt) = crate::runtime::runtime() {
+        let base = rt.region.as_ptr() as usize;
+        let from = start.next_multiple_of(zmem_os::PAGE_SIZE);
+        let to = (start + len.min(POPULATE_MAX)) / zmem_os::PAGE_SIZE * zmem_os::PAGE_SIZE;
+        if to > from {
+            let _ = rt.region.populate(from - base, to - from);
+        }
+    }
+}
+
+/// Drops pages a free left unused: a REMOVE event for the region, which forgets them and their
+/// compressed copies. Called with the exact-fit lock held, so nothing is allocated there first.
+fn mid_drop(release: Option<(usize, usize)>) {
+    let Some((at, len)) = release else { return };
+    // A zmem thread must not wait for its own REMOVE event (it never frees program blocks;
+    // this only keeps a mistake from hanging): the pages then stay, unused.
+    if is_internal() {
+        return;
+    }
+    // SAFETY: whole pages inside a free block of the span; nothing else lives there.
+    unsafe { libc::madvise(at as *mut c_void, len, libc::MADV_DONTNEED) };
+}
+
+/// Frees an exact-fit block.
+unsafe fn mid_free(p: *mut c_void) {
+    let mut fit = MID.lock();
+    // SAFETY: the span is the region's; `p` is checked by the allocator.
+    match unsafe { fit.free(p as usize) } {
+        Ok(release) => mid_drop(release),
+        Err(_) => bad_free(),
+    }
+}
+
+/// A free of something that is not a live block: ignored (nothing is corrupted further), and
+/// said once on stderr without formatting (this may run with the heap in any state).
+#[cold]
+fn bad_free() {
+    if MID_BAD_FREES.fetch_add(1, Relaxed) == 0 {
+        const MSG: &[u8] =
+            b"zmem: free() of a pointer that is not a live block (double free?): ignored; \
+            further ones are counted in the run's report\n";
+        // SAFETY: a write of a static buffer to stderr.
+        unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+    }
+}
+
+/// What an allocation of `size` bytes gets (jemalloc's nallocx).
+pub fn good_size(size: usize) -> usize {
+    if MID_START.load(Relaxed) != 0 && mid_size(size, 16) {
+        if let Some(n) = zmem_fit::Fit::usable_for(size) {
+            return n;
+        }
+    }
+    // SAFETY: a pure computation in mimalloc.
+    unsafe { mi::mi_good_size(size) }.max(size)
+}
+
 // glibc's blocks are aligned to 16 bytes; mimalloc's to 16 bytes from 16 bytes up, to 8 below.
 fn natural(align: usize, size: usize) -> bool {
     align <= 8 || (align <= 16 && size >= 16)
@@ -136,6 +256,12 @@ fn natural(align: usize, size: usize) -> bool {
 #[inline]
 pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mut c_void {
     if program {
+        if MID_START.load(Relaxed) != 0 && mid_size(size, align) {
+            let p = mid_alloc(size, zero);
+            if !p.is_null() {
+                return p;
+            }
+        }
         let p = program_alloc(size, align, zero);
         if p.is_null() || GROW_WANTED.load(Relaxed) {
             // SAFETY: as this function's.
@@ -198,7 +324,9 @@ fn grow_then_retry(
 /// `p` is null or a live block of this library's allocator.
 #[inline]
 pub unsafe fn free(p: *mut c_void) {
-    if in_program_heap(p) {
+    if in_mid(p) {
+        mid_free(p)
+    } else if in_program_heap(p) {
         inside_mimalloc(|| mi::mi_free(p))
     } else if !p.is_null() {
         __libc_free(p)
@@ -227,6 +355,10 @@ fn libc_usable_size(p: *mut c_void) -> usize {
 /// # Safety
 /// `p` is null or a live block of this library's allocator.
 pub unsafe fn usable_size(p: *mut c_void) -> usize {
+    if in_mid(p) {
+        // SAFETY: the span is the region's; `p` is checked by the allocator.
+        return unsafe { MID.lock().usable_size(p as usize) }.unwrap_or(0);
+    }
     if in_program_heap(p) {
         mi::mi_usable_size(p)
     } else if p.is_null() {
@@ -242,6 +374,24 @@ pub unsafe fn usable_size(p: *mut c_void) -> usize {
 /// # Safety
 /// `p` is a live block of this library's allocator, `size` > 0, `align` a power of two.
 pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
+    if in_mid(p) {
+        return mid_realloc(p, size, align);
+    }
+    if MID_START.load(Relaxed) != 0
+        && in_program_heap(p)
+        && mid_size(size, align)
+        && size > mi::mi_usable_size(p)
+    {
+        // A mimalloc block grown into the exact-fit sizes moves there (mimalloc would move it
+        // anyway, to a rounded-up class).
+        let q = mid_alloc(size, false);
+        if !q.is_null() {
+            let keep = mi::mi_usable_size(p);
+            std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, keep);
+            inside_mimalloc(|| mi::mi_free(p));
+            return q;
+        }
+    }
     match (in_program_heap(p), natural(align, size)) {
         (true, natural) => {
             let resize = |p, size| {
@@ -268,6 +418,39 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
             q
         }
     }
+}
+
+/// Resizes an exact-fit block: in place when it shrinks or the block after it is free, else
+/// into a new block (exact-fit or mimalloc's, by the new size).
+unsafe fn mid_realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
+    let old = {
+        let mut fit = MID.lock();
+        // SAFETY: the span is the region's; `p` is checked by the allocator.
+        let old = match unsafe { fit.usable_size(p as usize) } {
+            Ok(n) => n,
+            Err(_) => {
+                drop(fit);
+                bad_free();
+                return null_mut();
+            }
+        };
+        if align <= 16 && size <= MID_MAX {
+            // SAFETY: as above.
+            if let Ok(zmem_fit::Resized::Done { release }) =
+                unsafe { fit.resize_in_place(p as usize, size) }
+            {
+                mid_drop(release);
+                return p;
+            }
+        }
+        old
+    };
+    let q = alloc(size, align, false, true);
+    if !q.is_null() {
+        std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
+        mid_free(p);
+    }
+    q
 }
 
 /// Keeps the internal heap (glibc's malloc, zmem's own memory) small: one arena, and blocks of
@@ -457,9 +640,10 @@ static GROWING: zmem_os::spin::SpinLock<()> = zmem_os::spin::SpinLock::new(());
 pub unsafe fn add_region(
     region: &zmem_region::Region,
     len: usize,
+    exact_fit: bool,
 ) -> Result<(usize, usize), String> {
     SETUP_REGION.store(region as *const _ as *mut _, Release);
-    let r = add_region_arenas(region.as_ptr() as usize, len);
+    let r = add_region_arenas(region.as_ptr() as usize, len, exact_fit);
     SETUP_REGION.store(null_mut(), Release);
     r
 }
@@ -590,20 +774,37 @@ fn grow(failed: bool) -> bool {
 
 extern "C" fn grow_fork_prepare() {
     GROWING.hold();
+    MID.hold();
 }
 
 extern "C" fn grow_fork_after() {
+    MID.reset();
     GROWING.reset();
 }
 
-unsafe fn add_region_arenas(base: usize, len: usize) -> Result<(usize, usize), String> {
+unsafe fn add_region_arenas(
+    base: usize,
+    len: usize,
+    exact_fit: bool,
+) -> Result<(usize, usize), String> {
     let start = base.next_multiple_of(SLICE);
     let end = (base + len) / SLICE * SLICE;
     if end <= start + 2 * SLICE * 512 {
         return Err(format!("the region ({len} bytes) is too small for a heap"));
     }
+    // The exact-fit span: the last eighth (its blocks fall back to mimalloc when it is full).
+    let mid_start = match exact_fit {
+        true => end - (end - start) / 8 / SLICE * SLICE,
+        false => end,
+    };
+    if mid_start < end {
+        // SAFETY: the span is the region's (mapped, zero, for the life of the process) and
+        // nothing else uses it.
+        unsafe { MID.lock().init(mid_start, end, MID_STEP, MID_RELEASE_MIN) }
+            .map_err(|e| format!("exact-fit span: {e}"))?;
+    }
     NEXT_ARENA.store(start, Release);
-    ARENAS_END.store(end, Release);
+    ARENAS_END.store(mid_start, Release);
     add_next_arena()?;
     // Registered after the region's hooks, so it runs before them at a fork (prepare hooks
     // run in reverse order): an arena being added may still fault on the region's pages.
@@ -618,6 +819,10 @@ unsafe fn add_region_arenas(base: usize, len: usize) -> Result<(usize, usize), S
     let span = (start, end - start);
     PROGRAM_START.store(start, Relaxed);
     PROGRAM_END.store(end, Relaxed);
+    if mid_start < end {
+        MID_END.store(end, Relaxed);
+        MID_START.store(mid_start, Release);
+    }
     mi::mi_option_set(mi::OPTION_DISALLOW_OS_ALLOC, 1);
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // Freed memory leaves the region at once (mimalloc waits 1 s by default): pages the

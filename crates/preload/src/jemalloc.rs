@@ -88,7 +88,7 @@ pub unsafe extern "C" fn sdallocx(p: *mut c_void, _size: usize, _flags: i32) {
 pub unsafe extern "C" fn nallocx(size: usize, flags: i32) -> usize {
     let a = align_of_flags(flags).max(1);
     match size.max(1).checked_next_multiple_of(a) {
-        Some(n) => mi::mi_good_size(n).max(n),
+        Some(n) => heap::good_size(n),
         None => 0,
     }
 }

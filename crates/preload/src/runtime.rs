@@ -185,14 +185,15 @@ fn init() -> Result<(), InitError> {
     };
     let region = Region::new(rc).map_err(|e| fail(e.to_string()))?;
     // SAFETY: the region's memory lives as long as the process (RUNTIME is never dropped).
-    let (heap_start, heap_len) = match unsafe { heap::add_region(&region, heap_part as usize) } {
-        Ok(x) => x,
-        Err(e) => {
-            // Arenas already handed to mimalloc must stay mapped and served.
-            std::mem::forget(region);
-            return Err(fail(e));
-        }
-    };
+    let (heap_start, heap_len) =
+        match unsafe { heap::add_region(&region, heap_part as usize, config.exact_fit) } {
+            Ok(x) => x,
+            Err(e) => {
+                // Arenas already handed to mimalloc must stay mapped and served.
+                std::mem::forget(region);
+                return Err(fail(e));
+            }
+        };
     // SAFETY: a probe allocation on the main heap, freed at once.
     let in_region = unsafe {
         let p = crate::mi::mi_malloc(64) as usize;

@@ -56,6 +56,10 @@ pub const ENV_VERIFY_PAGES: &str = "ZMEM_VERIFY_PAGES";
 /// `1`: keep each page's last state changes and print them for the pages a crashing program
 /// used (`--trace-pages`, a diagnostic; see zmem_region's `RegionConfig::trace_pages`).
 pub const ENV_TRACE_PAGES: &str = "ZMEM_TRACE_PAGES";
+/// `0`: every block of the program heap comes from mimalloc (`--no-exact-fit`); unset or `1`:
+/// mid-size blocks (1–32 KiB) come from an exact-fit allocator that rounds them to 16 bytes,
+/// not to mimalloc's size classes (see zmem_preload's `heap` module).
+pub const ENV_EXACT_FIT: &str = "ZMEM_EXACT_FIT";
 /// Where the SSD tier's log lives (`--ssd`): a directory (an unnamed file there, gone when the
 /// process exits) or a block device; unset: no SSD tier.
 pub const ENV_SSD: &str = "ZMEM_SSD";
@@ -83,7 +87,8 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 24] = [
+pub const ALL_VARS: [&str; 25] = [
+    ENV_EXACT_FIT,
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -164,6 +169,8 @@ pub struct RunConfig {
     pub verify_pages: bool,
     /// See [`ENV_TRACE_PAGES`].
     pub trace_pages: bool,
+    /// See [`ENV_EXACT_FIT`].
+    pub exact_fit: bool,
     /// The SSD tier's log (see [`ENV_SSD`]), its size and whether it is encrypted.
     pub ssd: Option<PathBuf>,
     pub ssd_size: Option<u64>,
@@ -194,6 +201,7 @@ impl Default for RunConfig {
             clean_copies: CleanCopies::Ssd,
             verify_pages: false,
             trace_pages: false,
+            exact_fit: true,
             ssd: None,
             ssd_size: None,
             ssd_encrypt: true,
@@ -289,6 +297,11 @@ impl RunConfig {
             Some("1") => true,
             Some(v) => return Err(invalid(ENV_VERIFY_PAGES, v, "expected 0 or 1")),
         };
+        c.exact_fit = match get(ENV_EXACT_FIT).as_deref() {
+            None | Some("1") | Some("") => true,
+            Some("0") => false,
+            Some(v) => return Err(invalid(ENV_EXACT_FIT, v, "expected 0 or 1")),
+        };
         c.trace_pages = match get(ENV_TRACE_PAGES).as_deref() {
             None | Some("0") | Some("") => false,
             Some("1") => true,
@@ -370,6 +383,9 @@ impl RunConfig {
         }
         if self.trace_pages {
             v.push((ENV_TRACE_PAGES, "1".into()));
+        }
+        if !self.exact_fit {
+            v.push((ENV_EXACT_FIT, "0".into()));
         }
         if let Some(d) = &self.ssd {
             v.push((ENV_SSD, d.display().to_string()));
@@ -741,6 +757,7 @@ mod tests {
             clean_copies: CleanCopies::All,
             verify_pages: true,
             trace_pages: true,
+            exact_fit: false,
             ssd: Some("/var/tmp".into()),
             ssd_size: Some(2 << 30),
             ssd_encrypt: false,
@@ -795,6 +812,7 @@ mod tests {
             (ENV_ASYNC_SETTLE, "on"),
             (ENV_CLEAN_COPIES, "0"),
             (ENV_VERIFY_PAGES, "yes"),
+            (ENV_EXACT_FIT, "on"),
             (ENV_ON_ERROR, "ignore"),
             (ENV_RUN_PID, "0"),
             (ENV_RUN_PID, "me"),
