@@ -199,15 +199,16 @@ fn populate(start: usize, len: usize) {
 
 /// Drops pages a free left unused: a REMOVE event for the region, which forgets them and their
 /// compressed copies. Called with the exact-fit lock held, so nothing is allocated there first.
-fn mid_drop(release: Option<(usize, usize)>) {
-    let Some((at, len)) = release else { return };
+fn mid_drop(release: zmem_fit::Release) {
     // A zmem thread must not wait for its own REMOVE event (it never frees program blocks;
     // this only keeps a mistake from hanging): the pages then stay, unused.
-    if is_internal() {
+    if release.is_empty() || is_internal() {
         return;
     }
-    // SAFETY: whole pages inside a free block of the span; nothing else lives there.
-    unsafe { libc::madvise(at as *mut c_void, len, libc::MADV_DONTNEED) };
+    for &(at, len) in release.ranges() {
+        // SAFETY: whole pages inside a free block of the span; nothing else lives there.
+        unsafe { libc::madvise(at as *mut c_void, len, libc::MADV_DONTNEED) };
+    }
 }
 
 /// Frees an exact-fit block.

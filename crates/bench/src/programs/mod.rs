@@ -149,6 +149,10 @@ pub struct ProgramsArgs {
     /// syscall guard).
     #[arg(long, default_value = "auto", value_parser = crate::RUN_FAULT_ROUTES)]
     pub fault_route: String,
+    /// The zmem side serves every heap block from mimalloc (`zmem run --no-exact-fit`), to
+    /// measure what the exact-fit allocator of mid-size blocks changes.
+    #[arg(long)]
+    pub no_exact_fit: bool,
     /// A run taking longer than this (seconds) is killed and reported as a timeout.
     #[arg(long, default_value_t = 600.0)]
     pub timeout: f64,

@@ -691,8 +691,11 @@ fn run_program(
                     ctx.args.fault_route.clone(),
                     "--stats".into(),
                     stats.display().to_string(),
-                    "--".into(),
                 ];
+                if ctx.args.no_exact_fit {
+                    argv.push("--no-exact-fit".into());
+                }
+                argv.push("--".into());
                 argv.extend(job.argv.iter().cloned());
                 let exit = execute(
                     &argv,
