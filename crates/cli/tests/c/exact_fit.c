@@ -1,11 +1,12 @@
 /* exact_fit: mid-size blocks (sqlite's 4368-byte page-cache pages) take what they ask for.
  * Allocates N blocks of 4368 bytes with contents that depend on (block, offset), resizes some
- * in place and some across heaps (a 100-byte block grown to 3000, a 4368-byte one shrunk to
- * 200 and grown to 20000), reuses freed memory through calloc (must read zero), checks every
+ * in place and some across heaps (a 100-byte block grown to 3000, 4368-byte ones shrunk to
+ * 200 or grown to 9000, 20000 or 30000), reuses freed memory through calloc (must read zero), checks every
  * block in a forked child that also allocates and frees, then in the parent, and frees all.
  * Prints "ok usable=U" (U: malloc_usable_size of a 4368-byte block). Exits 1 on a mismatch.
  *
- * Usage: exact_fit N */
+ * Usage: exact_fit N [PAUSE_MS]: pauses PAUSE_MS after the first allocations and after the
+ * resizes (where the heap's data peaks), for a sampler to see them. */
 #define _GNU_SOURCE
 #include <malloc.h>
 #include <stdint.h>
@@ -35,6 +36,7 @@ static void check(const unsigned char *p, size_t block, size_t n) {
 
 int main(int argc, char **argv) {
     size_t n = argc > 1 ? strtoul(argv[1], 0, 10) : 20000;
+    unsigned pause_ms = argc > 2 ? (unsigned)atoi(argv[2]) : 0;
     unsigned char **b = calloc(n, sizeof *b);
     size_t *len = calloc(n, sizeof *len);
     if (!b || !len) fail("out of memory", 0);
@@ -44,6 +46,7 @@ int main(int argc, char **argv) {
         len[i] = SIZE;
         fill(b[i], i, SIZE);
     }
+    if (pause_ms) usleep(pause_ms * 1000u);
     size_t usable = malloc_usable_size(b[0]);
     if (usable < SIZE) fail("usable size below the request", 0);
     /* Holes: every third block freed, then taken again by calloc, which must zero it. */
@@ -60,7 +63,7 @@ int main(int argc, char **argv) {
      * mid sizes. */
     for (size_t i = 1; i < n; i += 5) {
         check(b[i], i, len[i]);
-        size_t want = (i % 4 == 1) ? 200 : (i % 4 == 2) ? 9000 : (i % 4 == 3) ? 20000 : 100000;
+        size_t want = (i % 4 == 1) ? 200 : (i % 4 == 2) ? 9000 : (i % 4 == 3) ? 20000 : 30000;
         unsigned char *q = realloc(b[i], want);
         if (!q) fail("realloc", i);
         check(q, i, want < len[i] ? want : len[i]);
@@ -68,6 +71,7 @@ int main(int argc, char **argv) {
         b[i] = q;
         len[i] = want;
     }
+    if (pause_ms) usleep(pause_ms * 1000u);
     unsigned char *small = malloc(100);
     fill(small, 7, 100);
     small = realloc(small, 3000);
