@@ -1161,8 +1161,9 @@ fn closing_zmems_descriptors_never_loses_the_heap() {
     );
 }
 
-/// clearenv, vfork + exec, fork without exec, exec of a static binary and glibc's clone(2), each
-/// on an evicted heap (tests/c/bad_calls.c): each must keep working, with the heap intact.
+/// clearenv, vfork + exec, fork without exec, exec of a static binary, glibc's clone(2) and a
+/// double free, each on an evicted heap (tests/c/bad_calls.c): each must keep working, with the
+/// heap intact (the double free said once on stderr).
 #[test]
 fn unusual_process_calls_keep_working() {
     if !ready() {
@@ -1178,6 +1179,7 @@ fn unusual_process_calls_keep_working() {
         ("2", "fork"),
         ("3", "static exec"),
         ("4", "clone"),
+        ("5", "double free"),
     ] {
         let mut cmd = zmem_cmd(&["run", "--quiet", "--resident", "4M", "--"]);
         cmd.arg(&prog).arg(mode).arg(&stat);
@@ -1199,6 +1201,14 @@ fn unusual_process_calls_keep_working() {
             "{what}: {}",
             out.stdout
         );
+        if what == "double free" {
+            assert!(
+                out.stderr
+                    .contains("not a live block (a double free?): ignored"),
+                "{}",
+                tail(&out.stderr)
+            );
+        }
     }
 }
 

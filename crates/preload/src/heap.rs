@@ -147,7 +147,8 @@ const MID_STEP: usize = 1 << 20;
 /// `release_min`): dropping every freed page made sqlite 25% slower (35k madvise calls, each a
 /// REMOVE event, and as many faults when the holes were reused).
 const MID_RELEASE_MIN: usize = 32 << 10;
-/// Frees of blocks that are not live (double frees, foreign pointers), reported once.
+/// Frees of exact-fit blocks that are not live (double frees, pointers into a block), said
+/// once on stderr.
 pub static MID_BAD_FREES: AtomicU64 = AtomicU64::new(0);
 
 /// Whether `p` is an exact-fit block.
@@ -226,9 +227,8 @@ unsafe fn mid_free(p: *mut c_void) {
 #[cold]
 fn bad_free() {
     if MID_BAD_FREES.fetch_add(1, Relaxed) == 0 {
-        const MSG: &[u8] =
-            b"zmem: free() of a pointer that is not a live block (double free?): ignored; \
-            further ones are counted in the run's report\n";
+        const MSG: &[u8] = b"zmem: free() or realloc() of a pointer that is not a live \
+            block (a double free?): ignored (said once)\n";
         // SAFETY: a write of a static buffer to stderr.
         unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
     }
