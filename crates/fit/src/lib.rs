@@ -10,8 +10,10 @@
 //! The algorithm is TLSF (two-level segregated fit: free lists by size, 16 per power of two, and
 //! two bitmaps, so allocation and free are O(1)) with boundary tags. What a generic TLSF crate
 //! does not give and zmem needs: after a free, [`Fit::free`] says which whole pages of the
-//! coalesced free block were newly left unused, so the caller can drop them (MADV_DONTNEED):
-//! freed memory must leave the region at once, never be evicted and faulted back as data.
+//! coalesced free block to drop (MADV_DONTNEED): freed memory must leave the region, never be
+//! evicted and faulted back as data. Each hole keeps the range of its pages that may still be
+//! resident and gives it up once it spans `release_min` bytes (see `release_block`: dropping
+//! every page at once made sqlite churn).
 //!
 //! No I/O, no lock, no allocation: the caller maps the span, serialises calls and drops pages.
 //! The span is `[base, limit)`; it is used from `base` upward in steps (`grow_step`), so memory
@@ -23,6 +25,7 @@
 //! b + 0   prev_size   size of the block before, valid only when PREV_FREE is set
 //! b + 8   size | PREV_FREE (bit 1) | FREE (bit 0)    size: whole block, a multiple of 16
 //! b + 16  user data (used block), or next free, prev free (free block: 16 bytes of links)
+//! b + 32  free block with whole pages inside: [lo, hi) of those that may still be resident
 //! ```
 //!
 //! A header (size 0, used) after the last block ends the span; growing turns it into a free
