@@ -80,6 +80,18 @@ fn fill(p: usize, len: usize, tag: u8) {
     unsafe { std::ptr::write_bytes(p as *mut u8, tag, len) };
 }
 
+/// `n` blocks of `size` bytes, each filled with `tag`.
+fn alloc_filled(fit: &mut Fit, n: usize, size: usize, tag: u8) -> Vec<usize> {
+    (0..n)
+        .map(|_| {
+            // SAFETY: every test's span is valid (Mem).
+            let p = unsafe { fit.alloc(size) }.unwrap();
+            fill(p, size, tag);
+            p
+        })
+        .collect()
+}
+
 fn holds(p: usize, len: usize, tag: u8) -> bool {
     // SAFETY: a live block of at least len bytes.
     let s = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
@@ -415,10 +427,7 @@ fn small_holes_stay_until_they_grow_large() {
     let mut fit = mem.fit_releasing(1 << 20, 32 << 10);
     // SAFETY: the span is valid (Mem).
     unsafe {
-        let ptrs: Vec<usize> = (0..64).map(|_| fit.alloc(4000).unwrap()).collect();
-        for &p in &ptrs {
-            fill(p, 4000, 9);
-        }
+        let ptrs = alloc_filled(&mut fit, 64, 4000, 9);
         // Every other block: holes of 4 KB between live blocks keep their pages.
         for &p in ptrs.iter().step_by(2) {
             assert_eq!(fit.free(p), Ok(Release::NONE));
@@ -449,10 +458,7 @@ fn frees_in_a_row_drop_each_page_about_once() {
     let mut fit = mem.fit_releasing(1 << 20, 32 << 10);
     // SAFETY: the span is valid (Mem).
     unsafe {
-        let ptrs: Vec<usize> = (0..2000).map(|_| fit.alloc(4368).unwrap()).collect();
-        for &p in &ptrs {
-            fill(p, 4368, 5);
-        }
+        let ptrs = alloc_filled(&mut fit, 2000, 4368, 5);
         let mut dropped = 0;
         for (i, &p) in ptrs.iter().enumerate() {
             let r = fit.free(p).unwrap();
@@ -471,10 +477,7 @@ fn frees_in_a_row_drop_each_page_about_once() {
         );
         assert!(mem.resident_pages() <= 2 + 8);
         // Backwards too.
-        let ptrs: Vec<usize> = (0..2000).map(|_| fit.alloc(4368).unwrap()).collect();
-        for &p in &ptrs {
-            fill(p, 4368, 6);
-        }
+        let ptrs = alloc_filled(&mut fit, 2000, 4368, 6);
         for &p in ptrs.iter().rev() {
             let r = fit.free(p).unwrap();
             assert!(r.bytes() <= 64 << 10);
