@@ -756,6 +756,30 @@ fn mid_size_blocks_take_what_they_ask_for() {
     );
 }
 
+/// A signal handler that allocates and frees mid-size blocks while its thread is inside the
+/// exact-fit allocator (tests/c/signal_alloc.c; undefined in C, and glibc's malloc aborts this
+/// program with "corrupted size vs. prev_size") must not spin on the lock its own thread holds:
+/// it is served by mimalloc and its frees are left to the lock's next holder.
+#[test]
+fn a_signal_handler_that_allocates_does_not_wait_for_its_own_thread() {
+    if !ready() {
+        return;
+    }
+    let dir = tmpdir();
+    let prog = compile("signal_alloc", dir.path(), &[]);
+    let mut cmd = zmem_cmd(&["run", "--quiet", "--resident", "16M", "--"]);
+    cmd.arg(&prog).arg("200000");
+    let out = run_to_end(cmd, dir.path(), "signal_alloc", Duration::from_secs(120));
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, tail(&out.stderr));
+    let handled: u64 = out
+        .stdout
+        .trim()
+        .strip_prefix("ok handled=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", out.stdout));
+    assert!(handled >= 10, "the timer's handler ran {handled} times");
+}
+
 /// `--trace-pages`: a program that dies of SIGSEGV following a pointer it read from an evicted
 /// and faulted-back heap page gets a report naming that page (through the register that points
 /// at it) with its history: evicted (Staged, Stored) and brought back by a fault.

@@ -547,6 +547,17 @@ impl Fit {
         Ok((w & !FLAGS) - HEADER)
     }
 
+    /// The usable bytes of the live block at `p`, read from its header without the
+    /// allocator: for a thread that holds the caller's lock already (a signal handler that
+    /// interrupted it), when no other thread can change the header.
+    ///
+    /// # Safety
+    /// `p` is a live block of a span in use.
+    pub unsafe fn usable_size_held(p: usize) -> usize {
+        // SAFETY: caller's contract: the header 16 bytes before `p` is the block's.
+        (unsafe { size_word(p - HEADER) } & !FLAGS) - HEADER
+    }
+
     /// Frees the block at `p`. Returns whole pages the coalesced free block leaves unused and
     /// that are not dropped yet, `(start, bytes)`, for the caller to drop before anything else
     /// allocates (see `release_min` in [`Fit::init`]).

@@ -139,6 +139,7 @@ fn blocks_are_exact_fit_and_the_span_grows_by_steps() {
         let p = unsafe { fit.alloc(4368) }.unwrap();
         assert_eq!(p % GRANULE, 0);
         assert_eq!(unsafe { fit.usable_size(p) }, Ok(4368));
+        assert_eq!(unsafe { Fit::usable_size_held(p) }, 4368);
         fill(p, 4368, i as u8);
         ptrs.push(p);
     }

@@ -164,17 +164,76 @@ fn mid_size(size: usize, align: usize) -> bool {
     (MID_MIN..=MID_MAX).contains(&size) && align <= 16
 }
 
-/// An exact-fit block, or null when its span is full (the caller asks mimalloc).
+thread_local! {
+    /// Set while the thread takes or holds the exact-fit lock, which is not reentrant: a
+    /// program's signal handler that allocates or frees on this thread meanwhile (undefined
+    /// in C, done in practice) is served without it (see [`with_mid`]) instead of spinning on
+    /// a lock its own thread holds.
+    static IN_MID: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Exact-fit blocks freed while their thread held the lock (by a signal handler), freed by the
+/// lock's next holder: a stack linked through the blocks' first words.
+static PENDING_FREES: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f` on the exact-fit allocator under its lock, after the frees left pending; None if
+/// this thread is already inside (a signal handler interrupted it there).
+#[inline]
+fn with_mid<T>(f: impl FnOnce(&mut zmem_fit::Fit) -> T) -> Option<T> {
+    if IN_MID.with(|c| c.replace(true)) {
+        return None;
+    }
+    let mut fit = MID.lock();
+    let pending = PENDING_FREES.swap(0, Acquire);
+    if pending != 0 {
+        free_pending(&mut fit, pending);
+    }
+    let r = f(&mut fit);
+    drop(fit);
+    IN_MID.with(|c| c.set(false));
+    Some(r)
+}
+
+#[cold]
+fn free_pending(fit: &mut zmem_fit::Fit, mut p: usize) {
+    while p != 0 {
+        // SAFETY: a block pushed by `defer_free`, its first word the next one's address.
+        let next = unsafe { *(p as *const usize) };
+        // SAFETY: the span is the region's; `p` is checked by the allocator.
+        match unsafe { fit.free(p) } {
+            Ok(release) => mid_drop(release),
+            Err(_) => bad_free(),
+        }
+        p = next;
+    }
+}
+
+/// A free that cannot take the lock now: left for its next holder.
+#[cold]
+unsafe fn defer_free(p: *mut c_void) {
+    let mut head = PENDING_FREES.load(Relaxed);
+    loop {
+        // SAFETY: `p` is a live exact-fit block (the caller's contract): its data is ours now.
+        unsafe { *(p as *mut usize) = head };
+        match PENDING_FREES.compare_exchange_weak(head, p as usize, Release, Relaxed) {
+            Ok(_) => return,
+            Err(h) => head = h,
+        }
+    }
+}
+
+/// An exact-fit block, or null when its span is full or its lock taken by this thread (the
+/// caller asks mimalloc).
 #[inline]
 unsafe fn mid_alloc(size: usize, zero: bool) -> *mut c_void {
-    let mut fit = MID.lock();
-    let top = fit.top();
-    // SAFETY: the span is part of the region, mapped for the life of the process.
-    let Some(p) = (unsafe { fit.alloc(size) }) else {
+    let got = with_mid(|fit| {
+        let top = fit.top();
+        // SAFETY: the span is part of the region, mapped for the life of the process.
+        unsafe { fit.alloc(size) }.map(|p| (p, (top, fit.top())))
+    });
+    let Some(Some((p, grown))) = got else {
         return null_mut();
     };
-    let grown = (top, fit.top());
-    drop(fit);
     if grown.1 > grown.0 {
         populate(grown.0, grown.1 - grown.0);
     }
@@ -214,11 +273,24 @@ fn mid_drop(release: zmem_fit::Release) {
 
 /// Frees an exact-fit block.
 unsafe fn mid_free(p: *mut c_void) {
-    let mut fit = MID.lock();
     // SAFETY: the span is the region's; `p` is checked by the allocator.
-    match unsafe { fit.free(p as usize) } {
+    let done = with_mid(|fit| match unsafe { fit.free(p as usize) } {
         Ok(release) => mid_drop(release),
         Err(_) => bad_free(),
+    });
+    if done.is_none() {
+        defer_free(p);
+    }
+}
+
+/// The usable size of an exact-fit block.
+unsafe fn mid_usable_size(p: *mut c_void) -> Option<usize> {
+    // SAFETY: the span is the region's; `p` is checked by the allocator.
+    match with_mid(|fit| unsafe { fit.usable_size(p as usize) }.ok()) {
+        Some(n) => n,
+        // This thread holds the lock (a signal handler): the block's own header, which no
+        // other thread can change meanwhile.
+        None => Some(zmem_fit::Fit::usable_size_held(p as usize)),
     }
 }
 
@@ -357,8 +429,7 @@ fn libc_usable_size(p: *mut c_void) -> usize {
 /// `p` is null or a live block of this library's allocator.
 pub unsafe fn usable_size(p: *mut c_void) -> usize {
     if in_mid(p) {
-        // SAFETY: the span is the region's; `p` is checked by the allocator.
-        return unsafe { MID.lock().usable_size(p as usize) }.unwrap_or(0);
+        return mid_usable_size(p).unwrap_or(0);
     }
     if in_program_heap(p) {
         mi::mi_usable_size(p)
@@ -424,27 +495,30 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
 /// Resizes an exact-fit block: in place when it shrinks or the block after it is free, else
 /// into a new block (exact-fit or mimalloc's, by the new size).
 unsafe fn mid_realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
-    let old = {
-        let mut fit = MID.lock();
+    let in_place = align <= 16 && size <= MID_MAX;
+    let resized = with_mid(|fit| {
         // SAFETY: the span is the region's; `p` is checked by the allocator.
-        let old = match unsafe { fit.usable_size(p as usize) } {
-            Ok(n) => n,
-            Err(_) => {
-                drop(fit);
-                bad_free();
-                return null_mut();
-            }
-        };
-        if align <= 16 && size <= MID_MAX {
+        let old = unsafe { fit.usable_size(p as usize) }.ok()?;
+        if in_place {
             // SAFETY: as above.
             if let Ok(zmem_fit::Resized::Done { release }) =
                 unsafe { fit.resize_in_place(p as usize, size) }
             {
                 mid_drop(release);
-                return p;
+                return Some(None);
             }
         }
-        old
+        Some(Some(old))
+    });
+    let old = match resized {
+        Some(Some(Some(old))) => old,
+        Some(Some(None)) => return p,
+        Some(None) => {
+            bad_free();
+            return null_mut();
+        }
+        // This thread holds the lock (a signal handler): move the block.
+        None => zmem_fit::Fit::usable_size_held(p as usize),
     };
     let q = alloc(size, align, false, true);
     if !q.is_null() {
