@@ -585,8 +585,8 @@ impl Fit {
     /// 35k madvise calls (each a REMOVE event for the region) and as many faults, the same
     /// pages being reused at once. When the merged pieces' ranges lie far apart, the ones not
     /// kept are dropped now: one range spanning both would drop megabytes of pages already
-    /// dropped (measured: 39k calls, 213 GB in all, for sqlite), and the region's REMOVE
-    /// handling costs per page.
+    /// dropped again and again (a range spanning whole holes cost sqlite 39k calls, 213 GB in
+    /// all), and the region's REMOVE handling costs per page.
     unsafe fn release_block(&mut self, b: usize, size: usize, prev_free: bool) -> Release {
         let (freed_start, freed_end) = (b, b + size);
         let (mut b, mut size) = (b, size);
