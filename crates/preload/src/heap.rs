@@ -158,10 +158,10 @@ fn in_mid(p: *const c_void) -> bool {
     p >= MID_START.load(Relaxed) && p < MID_END.load(Relaxed)
 }
 
-/// Whether a request goes to the exact-fit allocator (when it is on).
+/// Whether a request goes to the exact-fit allocator: it is on and the size is one of its.
 #[inline]
-fn mid_size(size: usize, align: usize) -> bool {
-    (MID_MIN..=MID_MAX).contains(&size) && align <= 16
+fn for_mid(size: usize, align: usize) -> bool {
+    (MID_MIN..=MID_MAX).contains(&size) && align <= 16 && MID_START.load(Relaxed) != 0
 }
 
 thread_local! {
@@ -244,16 +244,21 @@ unsafe fn mid_alloc(size: usize, zero: bool) -> *mut c_void {
     p as *mut c_void
 }
 
-/// Maps the start of memory the program is about to use for the first time (as mimalloc's
-/// commits do): its first touches are the kernel's cheap faults, as far as the budget allows.
+/// Maps the start of memory the program is about to use for the first time (a mimalloc commit,
+/// a growth of the exact-fit span): its first touches become the kernel's cheap faults instead
+/// of a round trip through zmem, as far as the budget has room.
 fn populate(start: usize, len: usize) {
-    if let Some(rt) = crate::runtime::runtime() {
-        let base = rt.region.as_ptr() as usize;
-        let from = start.next_multiple_of(zmem_os::PAGE_SIZE);
-        let to = (start + len.min(POPULATE_MAX)) / zmem_os::PAGE_SIZE * zmem_os::PAGE_SIZE;
-        if to > from {
-            let _ = rt.region.populate(from - base, to - from);
-        }
+    let Some(rt) = crate::runtime::runtime() else {
+        return;
+    };
+    let page = zmem_os::PAGE_SIZE;
+    let from = start.next_multiple_of(page);
+    let to = (start + len.min(POPULATE_MAX)) / page * page;
+    let off = from.wrapping_sub(rt.region.as_ptr() as usize);
+    if to > from && off < rt.region.len() {
+        let _ = rt
+            .region
+            .populate(off, (to - from).min(rt.region.len() - off));
     }
 }
 
@@ -308,7 +313,7 @@ fn bad_free() {
 
 /// What an allocation of `size` bytes gets (jemalloc's nallocx).
 pub fn good_size(size: usize) -> usize {
-    if MID_START.load(Relaxed) != 0 && mid_size(size, 16) {
+    if for_mid(size, 16) {
         if let Some(n) = zmem_fit::Fit::usable_for(size) {
             return n;
         }
@@ -329,7 +334,7 @@ fn natural(align: usize, size: usize) -> bool {
 #[inline]
 pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mut c_void {
     if program {
-        if MID_START.load(Relaxed) != 0 && mid_size(size, align) {
+        if for_mid(size, align) {
             let p = mid_alloc(size, zero);
             if !p.is_null() {
                 return p;
@@ -449,16 +454,15 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
     if in_mid(p) {
         return mid_realloc(p, size, align);
     }
-    if MID_START.load(Relaxed) != 0
-        && in_program_heap(p)
-        && mid_size(size, align)
-        && size > mi::mi_usable_size(p)
-    {
+    if for_mid(size, align) && in_program_heap(p) {
         // A mimalloc block grown into the exact-fit sizes moves there (mimalloc would move it
         // anyway, to a rounded-up class).
-        let q = mid_alloc(size, false);
+        let keep = mi::mi_usable_size(p);
+        let q = match size > keep {
+            true => mid_alloc(size, false),
+            false => null_mut(),
+        };
         if !q.is_null() {
-            let keep = mi::mi_usable_size(p);
             std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, keep);
             inside_mimalloc(|| mi::mi_free(p));
             return q;
@@ -645,13 +649,8 @@ unsafe extern "C" fn commit(
                     let _ = r.populate(off, size.min(POPULATE_PINNED));
                 }
             }
-        } else if let Some(rt) = crate::runtime::runtime() {
-            // Memory the program is about to use: its first touches become the kernel's cheap
-            // copy-on-write faults, as far as the budget has room.
-            let off = (start as usize).wrapping_sub(rt.region.as_ptr() as usize);
-            if off < rt.region.len() {
-                let _ = rt.region.populate(off, size.min(POPULATE_MAX));
-            }
+        } else {
+            populate(start as usize, size);
         }
         if start as usize + size > GROW_AT.load(Relaxed) {
             // The newest arena is half used: the next program allocation adds another.

@@ -88,7 +88,6 @@ pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
 pub const ALL_VARS: [&str; 25] = [
-    ENV_EXACT_FIT,
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -103,6 +102,7 @@ pub const ALL_VARS: [&str; 25] = [
     ENV_CLEAN_COPIES,
     ENV_VERIFY_PAGES,
     ENV_TRACE_PAGES,
+    ENV_EXACT_FIT,
     ENV_SSD,
     ENV_SSD_SIZE,
     ENV_SSD_ENCRYPT,
@@ -244,13 +244,20 @@ impl RunConfig {
                 Some(v) => parse_size(&v).map(Some).map_err(|e| invalid(var, &v, e)),
             }
         };
+        // A 0/1 switch: unset or empty is `default`.
+        let flag = |var: &'static str, default: bool| -> Result<bool, ConfigError> {
+            match get(var).as_deref() {
+                None | Some("") => Ok(default),
+                Some("0") => Ok(false),
+                Some("1") => Ok(true),
+                Some(v) => Err(invalid(var, v, "expected 0 or 1")),
+            }
+        };
         if let Some(r) = size(ENV_RESIDENT)? {
             c.resident = Some(r);
         }
-        match get(ENV_ADAPTIVE).as_deref() {
-            None | Some("0") | Some("") => {}
-            Some("1") => c.resident = None,
-            Some(v) => return Err(invalid(ENV_ADAPTIVE, v, "expected 0 or 1")),
+        if flag(ENV_ADAPTIVE, false)? {
+            c.resident = None;
         }
         c.size = size(ENV_SIZE)?;
         c.maps = size(ENV_MAPS)?;
@@ -272,16 +279,8 @@ impl RunConfig {
                 .filter(|n| (1..=16).contains(n))
                 .ok_or_else(|| invalid(ENV_HANDLER_THREADS, &v, "expected 1..=16"))?;
         }
-        c.colocate = match get(ENV_COLOCATE).as_deref() {
-            None | Some("1") | Some("") => true,
-            Some("0") => false,
-            Some(v) => return Err(invalid(ENV_COLOCATE, v, "expected 0 or 1")),
-        };
-        c.async_settle = match get(ENV_ASYNC_SETTLE).as_deref() {
-            None | Some("1") | Some("") => true,
-            Some("0") => false,
-            Some(v) => return Err(invalid(ENV_ASYNC_SETTLE, v, "expected 0 or 1")),
-        };
+        c.colocate = flag(ENV_COLOCATE, true)?;
+        c.async_settle = flag(ENV_ASYNC_SETTLE, true)?;
         c.fault_route = match get(ENV_FAULT_ROUTE).filter(|v| !v.is_empty()) {
             None => FaultRoute::Handler,
             Some(v) => FaultRoute::parse(&v)
@@ -292,28 +291,12 @@ impl RunConfig {
             Some(v) => CleanCopies::parse(&v)
                 .ok_or_else(|| invalid(ENV_CLEAN_COPIES, &v, "expected off, ssd or all"))?,
         };
-        c.verify_pages = match get(ENV_VERIFY_PAGES).as_deref() {
-            None | Some("0") | Some("") => false,
-            Some("1") => true,
-            Some(v) => return Err(invalid(ENV_VERIFY_PAGES, v, "expected 0 or 1")),
-        };
-        c.exact_fit = match get(ENV_EXACT_FIT).as_deref() {
-            None | Some("1") | Some("") => true,
-            Some("0") => false,
-            Some(v) => return Err(invalid(ENV_EXACT_FIT, v, "expected 0 or 1")),
-        };
-        c.trace_pages = match get(ENV_TRACE_PAGES).as_deref() {
-            None | Some("0") | Some("") => false,
-            Some("1") => true,
-            Some(v) => return Err(invalid(ENV_TRACE_PAGES, v, "expected 0 or 1")),
-        };
+        c.verify_pages = flag(ENV_VERIFY_PAGES, false)?;
+        c.exact_fit = flag(ENV_EXACT_FIT, true)?;
+        c.trace_pages = flag(ENV_TRACE_PAGES, false)?;
         c.ssd = get(ENV_SSD).filter(|s| !s.is_empty()).map(PathBuf::from);
         c.ssd_size = size(ENV_SSD_SIZE)?;
-        c.ssd_encrypt = match get(ENV_SSD_ENCRYPT).as_deref() {
-            None | Some("1") | Some("") => true,
-            Some("0") => false,
-            Some(v) => return Err(invalid(ENV_SSD_ENCRYPT, v, "expected 0 or 1")),
-        };
+        c.ssd_encrypt = flag(ENV_SSD_ENCRYPT, true)?;
         c.report_dir = get(ENV_REPORT_DIR)
             .filter(|s| !s.is_empty())
             .map(PathBuf::from);
@@ -336,11 +319,7 @@ impl RunConfig {
                     .ok_or_else(|| invalid(ENV_RUN_PID, &v, "expected a process id"))?,
             );
         }
-        c.summary = match get(ENV_SUMMARY).as_deref() {
-            None | Some("0") | Some("") => false,
-            Some("1") => true,
-            Some(v) => return Err(invalid(ENV_SUMMARY, v, "expected 0 or 1")),
-        };
+        c.summary = flag(ENV_SUMMARY, false)?;
         c.stats_file = get(ENV_STATS_FILE)
             .filter(|s| !s.is_empty())
             .map(PathBuf::from);
