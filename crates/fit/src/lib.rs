@@ -136,6 +136,10 @@ pub enum Resized {
     Move,
 }
 
+/// Holes waiting out `release_delay` before their pages are dropped, at most this many: when
+/// more come, the oldest is dropped at once.
+pub const AGING: usize = 16;
+
 /// An exact-fit allocator over one span. See the crate's documentation.
 pub struct Fit {
     base: usize,
@@ -145,6 +149,14 @@ pub struct Fit {
     grow_step: usize,
     /// Free blocks with fewer bytes of whole inner pages keep them (see `release_block`).
     release_min: usize,
+    /// A hole's pages are dropped once it has stayed free this long (the caller's time unit).
+    release_delay: u64,
+    /// The caller's time, as of the last [`Fit::advance`].
+    now: u64,
+    /// Holes whose range is due to be dropped, `(block, since)`, oldest first. A hole leaves
+    /// when it is cut up, merged or grown (`remove`), so every entry is a free block.
+    aging: [(usize, u64); AGING],
+    aging_len: usize,
     fl_map: u64,
     sl_map: [u32; FL],
     heads: [[usize; SL]; FL],
@@ -291,6 +303,10 @@ impl Fit {
             limit: 0,
             grow_step: 0,
             release_min: 0,
+            release_delay: 0,
+            now: 0,
+            aging: [(0, 0); AGING],
+            aging_len: 0,
             fl_map: 0,
             sl_map: [0; FL],
             heads: [[0; SL]; FL],
@@ -305,7 +321,8 @@ impl Fit {
 
     /// Takes `[base, limit)` as the span, used upward `grow_step` bytes (a multiple of
     /// [`PAGE`]) at a time. A free block's whole pages are reported for dropping once they
-    /// reach `release_min` bytes (0: every whole page at once).
+    /// reach `release_min` bytes (0: every whole page at once) and the block has stayed free
+    /// for `release_delay` (0: at the free that makes it so; else by [`Fit::advance`]).
     ///
     /// # Safety
     /// The span is mapped, readable and writable, zero, used by nothing else, and stays so for
@@ -316,6 +333,7 @@ impl Fit {
         limit: usize,
         grow_step: usize,
         release_min: usize,
+        release_delay: u64,
     ) -> Result<(), FitError> {
         let bad = |why| FitError::Span { base, limit, why };
         if base == 0 || base % PAGE != 0 || limit % PAGE != 0 {
@@ -332,6 +350,7 @@ impl Fit {
         self.limit = limit;
         self.grow_step = grow_step;
         self.release_min = release_min;
+        self.release_delay = release_delay;
         // The end header (size 0, used) at the start: the first growth makes it a free block.
         // SAFETY: base is a word of the span (caller's contract); it is zero already.
         unsafe { set_size_word(base, 0) };
@@ -382,6 +401,9 @@ impl Fit {
     }
 
     unsafe fn remove(&mut self, b: usize, size: usize) {
+        if self.aging_len != 0 {
+            self.forget_aging(b);
+        }
         let (f, s) = class(size);
         // SAFETY: b is a free block in list (f, s); its neighbours in the list are too.
         unsafe {
@@ -401,6 +423,55 @@ impl Fit {
                 set_word(next + HEADER + 8, prev);
             }
         }
+    }
+
+    /// `b` is cut up, merged or grown: its pages are no longer due to be dropped as they were.
+    fn forget_aging(&mut self, b: usize) {
+        let n = self.aging_len;
+        if let Some(i) = self.aging[..n].iter().position(|e| e.0 == b) {
+            self.aging.copy_within(i + 1..n, i);
+            self.aging_len -= 1;
+        }
+    }
+
+    /// Gives up the range of the aging hole at index 0: its pages go into `out`.
+    unsafe fn drop_oldest(&mut self, out: &mut Release) {
+        let b = self.aging[0].0;
+        self.aging.copy_within(1..self.aging_len, 0);
+        self.aging_len -= 1;
+        // SAFETY: an aging entry is a free block with inner pages (see `remove`).
+        unsafe {
+            let r = undropped(b);
+            set_undropped(b, (0, 0));
+            out.push(r);
+            if r.0 < r.1 {
+                self.stats.released += (r.1 - r.0) as u64;
+            }
+        }
+    }
+
+    /// Sets the time (in the unit of `release_delay`; it never goes back) and returns the
+    /// pages of holes that have now stayed free long enough, for the caller to drop. At most
+    /// three holes per call: call again while [`Fit::aging`] is not empty to have them all.
+    ///
+    /// # Safety
+    /// [`Fit::init`]'s contract holds.
+    pub unsafe fn advance(&mut self, now: u64) -> Release {
+        self.now = self.now.max(now);
+        let mut out = Release::NONE;
+        while self.aging_len != 0
+            && out.len < out.ranges.len()
+            && self.now.saturating_sub(self.aging[0].1) >= self.release_delay
+        {
+            // SAFETY: caller's contract.
+            unsafe { self.drop_oldest(&mut out) };
+        }
+        out
+    }
+
+    /// Holes whose pages wait for their delay to pass.
+    pub fn aging(&self) -> usize {
+        self.aging_len
     }
 
     /// A free block of at least `n` bytes (good fit: the first non-empty list at or above the
@@ -560,7 +631,8 @@ impl Fit {
 
     /// Frees the block at `p`. Returns whole pages the coalesced free block leaves unused and
     /// that are not dropped yet, `(start, bytes)`, for the caller to drop before anything else
-    /// allocates (see `release_min` in [`Fit::init`]).
+    /// allocates (see `release_min` and `release_delay` in [`Fit::init`]: with a delay, the
+    /// coalesced block's own pages come from [`Fit::advance`] later, unless it is reused).
     ///
     /// # Safety
     /// [`Fit::init`]'s contract holds. `p` was returned by this allocator; a freed block that
@@ -645,15 +717,26 @@ impl Fit {
             }
         }
         let keep = clip(keep, inner);
-        if keep.0 < keep.1 && keep.1 - keep.0 >= self.release_min {
+        self.stats.released += out.bytes() as u64;
+        if keep.0 < keep.1 && keep.1 - keep.0 >= self.release_min && self.release_delay == 0 {
             out.push(keep);
+            self.stats.released += (keep.1 - keep.0) as u64;
             // SAFETY: b has inner pages, so its range words are past its links, in the block.
             unsafe { set_undropped(b, (0, 0)) };
-        } else {
-            // SAFETY: as above.
-            unsafe { set_undropped(b, keep) };
+            return out;
         }
-        self.stats.released += out.bytes() as u64;
+        // SAFETY: as above.
+        unsafe { set_undropped(b, keep) };
+        if keep.0 < keep.1 && keep.1 - keep.0 >= self.release_min {
+            // b is new to the list (its pieces left it through `remove`): not aging yet.
+            if self.aging_len == AGING {
+                // SAFETY: the oldest entry is a free block (see `remove`); out has room for a
+                // third range (at most two pieces above).
+                unsafe { self.drop_oldest(&mut out) };
+            }
+            self.aging[self.aging_len] = (b, self.now);
+            self.aging_len += 1;
+        }
         out
     }
 
@@ -838,6 +921,20 @@ impl Fit {
             }
             if listed != free {
                 return Err(format!("{listed} blocks listed, {free} free"));
+            }
+            for &(b, since) in &self.aging[..self.aging_len] {
+                let w = size_word(b);
+                let listed = {
+                    let (f, s) = class(w & !FLAGS);
+                    let mut x = self.heads[f][s];
+                    while x != 0 && x != b {
+                        x = link_next(x);
+                    }
+                    x == b
+                };
+                if w & FREE == 0 || !listed || !has_inner(b, w & !FLAGS) || since > self.now {
+                    return Err(format!("aging entry {b:#x} is not a free block with pages"));
+                }
             }
         }
         if live != self.stats.blocks || live_bytes != self.stats.live {

@@ -36,10 +36,14 @@ impl Mem {
     }
 
     fn fit_releasing(&self, step: usize, release_min: usize) -> Fit {
+        self.fit_aging(step, release_min, 0)
+    }
+
+    fn fit_aging(&self, step: usize, release_min: usize, delay: u64) -> Fit {
         let mut f = Fit::new();
         // SAFETY: the mapping is ours, zero, and outlives the allocator in every test.
         unsafe {
-            f.init(self.base, self.base + self.len, step, release_min)
+            f.init(self.base, self.base + self.len, step, release_min, delay)
                 .unwrap()
         };
         f
@@ -195,19 +199,19 @@ fn bad_pointers_get_typed_errors_and_change_nothing() {
     unsafe {
         assert!(f.alloc(10).is_none(), "no span yet");
         assert!(matches!(
-            f.init(mem.base + 8, mem.base + mem.len, PAGE, 0),
+            f.init(mem.base + 8, mem.base + mem.len, PAGE, 0, 0),
             Err(FitError::Span { .. })
         ));
         assert!(matches!(
-            f.init(mem.base, mem.base + PAGE, PAGE, 0),
+            f.init(mem.base, mem.base + PAGE, PAGE, 0, 0),
             Err(FitError::Span { .. })
         ));
         assert!(matches!(
-            f.init(mem.base, mem.base + mem.len, 100, 0),
+            f.init(mem.base, mem.base + mem.len, 100, 0, 0),
             Err(FitError::Span { .. })
         ));
         assert!(matches!(
-            f.init(0, 1 << 20, PAGE, 0),
+            f.init(0, 1 << 20, PAGE, 0, 0),
             Err(FitError::Span { .. })
         ));
     }
@@ -335,15 +339,16 @@ fn released_pages_come_back(release_min: usize) {
 /// released pages never hold a live block, and the structure checks out throughout.
 #[test]
 fn random_operations_match_a_model() {
-    for (seed, release_min) in [(42, 0), (43, 32 << 10)] {
-        random_operations(seed, release_min);
+    for (seed, release_min, delay) in [(42, 0, 0), (43, 32 << 10, 0), (44, 32 << 10, 20)] {
+        random_operations(seed, release_min, delay);
     }
 }
 
-fn random_operations(seed: u64, release_min: usize) {
+fn random_operations(seed: u64, release_min: usize, delay: u64) {
     let mem = Mem::new(128 << 20);
-    let mut fit = mem.fit_releasing(1 << 20, release_min);
+    let mut fit = mem.fit_aging(1 << 20, release_min, delay);
     let mut rng = StdRng::seed_from_u64(seed);
+    let mut now = 0;
     let mut freed = 0;
     // user pointer -> (requested bytes, tag)
     let mut live: BTreeMap<usize, (usize, u8)> = BTreeMap::new();
@@ -356,6 +361,11 @@ fn random_operations(seed: u64, release_min: usize) {
         let tag = (step % 251) as u8;
         // SAFETY: the span is valid (Mem); pointers come from the model.
         unsafe {
+            // Time passes (a unit in ten steps, on average): aged holes are dropped.
+            now += rng.random_range(0..10) / 9;
+            let aged = fit.advance(now);
+            assert_no_live_in(&live, aged);
+            mem.drop_pages(aged);
             match rng.random_range(0..10) {
                 0..=4 => {
                     let n = size(&mut rng);
@@ -409,13 +419,24 @@ fn random_operations(seed: u64, release_min: usize) {
             }
         }
     }
+    // Every aging hole is dropped once its time has come.
+    now += delay;
+    while fit.aging() != 0 {
+        // SAFETY: as above.
+        let aged = unsafe { fit.advance(now) };
+        assert!(!aged.is_empty(), "aged holes are given up");
+        assert_no_live_in(&live, aged);
+        mem.drop_pages(aged);
+    }
     for (&p, &(n, t)) in &live {
         assert!(holds(p, n, t));
     }
     // Pages are dropped about once per free that leaves them: not again and again as part of
     // ranges spanning large holes.
     let released = fit.stats().released as usize;
-    eprintln!("release_min {release_min}: {released} bytes dropped for {freed} freed");
+    eprintln!(
+        "release_min {release_min}, delay {delay}: {released} bytes dropped for {freed} freed"
+    );
     assert!(
         released <= 2 * freed,
         "{released} bytes dropped for {freed} freed"
@@ -485,6 +506,79 @@ fn frees_in_a_row_drop_each_page_about_once() {
             mem.drop_pages(r);
         }
         assert!(mem.resident_pages() <= 2 + 8);
+    }
+}
+
+/// With a delay, a hole keeps its pages until it has stayed free that long; a hole cut up
+/// again before then is not dropped at all (gcc's cc1 refilled its holes every 7 ms).
+#[test]
+fn holes_are_dropped_only_after_their_delay_and_not_when_reused() {
+    let mem = Mem::new(8 << 20);
+    let mut fit = mem.fit_aging(1 << 20, 32 << 10, 10);
+    // SAFETY: the span is valid (Mem).
+    unsafe {
+        let ptrs = alloc_filled(&mut fit, 64, 4368, 3);
+        let resident = mem.resident_pages();
+        // Ten blocks in a row: a hole of ~43 KiB, nothing dropped yet.
+        for &p in &ptrs[10..20] {
+            assert_eq!(fit.free(p), Ok(Release::NONE));
+        }
+        assert_eq!(fit.aging(), 1);
+        assert_eq!(fit.advance(9), Release::NONE);
+        // Refilled before its time: the hole's pages stay, and nothing is dropped later.
+        let again = alloc_filled(&mut fit, 10, 4368, 4);
+        assert_eq!(fit.aging(), 0);
+        assert_eq!(fit.advance(100), Release::NONE);
+        assert_eq!(mem.resident_pages(), resident);
+        // Freed again at 100: dropped at 110, not before.
+        for &p in &again {
+            assert_eq!(fit.free(p), Ok(Release::NONE));
+        }
+        assert_eq!(fit.advance(109), Release::NONE);
+        let r = fit.advance(110);
+        assert!(r.bytes() >= 32 << 10, "{r:?}");
+        mem.drop_pages(r);
+        assert!(mem.resident_pages() <= resident - 8);
+        assert_eq!(fit.aging(), 0);
+        for &p in ptrs[..10].iter().chain(&ptrs[20..]) {
+            assert!(holds(p, 4368, 3));
+        }
+        fit.check().unwrap();
+    }
+}
+
+/// More aging holes than the queue holds: the oldest is dropped at once, so no hole waits
+/// unseen.
+#[test]
+fn a_full_aging_queue_drops_its_oldest_hole() {
+    let mem = Mem::new(16 << 20);
+    let mut fit = mem.fit_aging(1 << 20, 32 << 10, 1000);
+    // SAFETY: the span is valid (Mem).
+    unsafe {
+        // Runs of 9 blocks (~39 KiB) with a live block between them.
+        let ptrs = alloc_filled(&mut fit, 10 * (AGING + 1), 4368, 1);
+        let runs: Vec<&[usize]> = ptrs.chunks(10).map(|c| &c[..9]).collect();
+        for (i, run) in runs.iter().enumerate() {
+            let mut out = Release::NONE;
+            for &p in *run {
+                let r = fit.free(p).unwrap();
+                if !r.is_empty() {
+                    out = r;
+                }
+            }
+            if i < AGING {
+                assert!(out.is_empty(), "hole {i} dropped early");
+            } else {
+                // The first hole's pages come out.
+                assert!(out.ranges()[0].0 >= runs[0][0] && out.ranges()[0].0 < runs[1][0]);
+                mem.drop_pages(out);
+            }
+        }
+        assert_eq!(fit.aging(), AGING);
+        fit.check().unwrap();
+        for c in ptrs.chunks(10) {
+            assert!(holds(c[9], 4368, 1));
+        }
     }
 }
 

@@ -5,8 +5,11 @@
  * block in a forked child that also allocates and frees, then in the parent, and frees all.
  * Prints "ok usable=U" (U: malloc_usable_size of a 4368-byte block). Exits 1 on a mismatch.
  *
- * Usage: exact_fit N [PAUSE_MS]: pauses PAUSE_MS after the first allocations and after the
- * resizes (where the heap's data peaks), for a sampler to see them. */
+ * Usage: exact_fit N [PAUSE_MS [rss]]: pauses PAUSE_MS after the first allocations and after the
+ * resizes (where the heap's data peaks), for a sampler to see them. With "rss", it also waits
+ * 150 ms after freeing everything, allocates and frees one block (the allocator's next call,
+ * which drops holes that stayed free long enough) and prints how much its resident memory fell
+ * from before the frees: " rss_drop_kb=D" after the usable size. */
 #define _GNU_SOURCE
 #include <malloc.h>
 #include <stdint.h>
@@ -27,6 +30,16 @@ static unsigned char byte(size_t block, size_t i) { return (unsigned char)(block
 
 static void fill(unsigned char *p, size_t block, size_t n) {
     for (size_t i = 0; i < n; i++) p[i] = byte(block, i);
+}
+
+static long rss_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
 }
 
 static void check(const unsigned char *p, size_t block, size_t n) {
@@ -98,9 +111,20 @@ int main(int argc, char **argv) {
     int st;
     if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) fail("the child failed", 0);
     for (size_t i = 0; i < n; i++) check(b[i], i, len[i]);
+    int rss = argc > 3 && !strcmp(argv[3], "rss");
+    long before = rss_kb();
     for (size_t i = 0; i < n; i++) free(b[i]);
     free(b);
     free(len);
-    printf("ok usable=%zu\n", usable);
+    if (rss) {
+        usleep(150000);
+        void *p = malloc(SIZE);
+        if (!p) fail("malloc after the frees", 0);
+        memset(p, 1, SIZE);
+        free(p);
+        printf("ok usable=%zu rss_drop_kb=%ld\n", usable, before - rss_kb());
+    } else {
+        printf("ok usable=%zu\n", usable);
+    }
     return 0;
 }
