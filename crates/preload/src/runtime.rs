@@ -256,6 +256,7 @@ pub fn stats() -> ProcessStats {
         adaptive: rt.config.resident.is_none(),
         process_cpu_ns: tv(ru.ru_utime) + tv(ru.ru_stime),
         maps: crate::maps::stats(),
+        guard: zmem_region::guard::stats(),
         ssd: rt.ssd.as_ref().map(|l| l.stats()),
         ..ProcessStats::of_region(rt.region.stats())
     }

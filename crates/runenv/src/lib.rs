@@ -430,6 +430,10 @@ pub struct ProcessStats {
     /// The SSD tier's log, if any (zram's bd_stat and more).
     #[serde(default)]
     pub ssd: Option<zmem_tier::LogStats>,
+    /// The signal route's syscall guard: calls trapped, and calls the C library's wrappers
+    /// made without a trap.
+    #[serde(default)]
+    pub guard: zmem_region::guard::GuardStats,
     /// CPU time spent compressing and decompressing (ns).
     pub codec_cpu_ns: u64,
     /// CPU time of the whole process so far (user + system, ns).
