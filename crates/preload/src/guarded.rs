@@ -5,9 +5,9 @@
 //! goes straight to the C library.
 //!
 //! - `readv`, `writev`, `preadv`, `pwritev` (and the `64`/`2` variants), `sendmsg`, `recvmsg`,
-//!   `sendmmsg`, `recvmmsg`: made by `guard::call`, which brings back and pins every buffer the
-//!   kernel will touch. (Made as plain system calls: they are no pthread cancellation points
-//!   under the guard.)
+//!   `sendmmsg`, `recvmmsg`: made by `guard::call_for_program`, which brings back and pins
+//!   every buffer the kernel will touch. (Made as plain system calls: they are no pthread
+//!   cancellation points under the guard.)
 //! - `sigprocmask`, `pthread_sigmask`: never block SIGBUS or SIGSYS (a fault or a trap while
 //!   they are blocked ends the process).
 //! - `sigaction`, `signal` for SIGBUS or SIGSYS: the program's handler is kept behind zmem's
@@ -20,7 +20,7 @@
 //! - The exec wrappers (`ends.rs`) and `posix_spawn[p]` bring back the strings they pass.
 //! - `read`, `write`, `pread[64]`, `pwrite[64]`, `recv[from]`, `send[to]`, `epoll_wait`,
 //!   `poll`: a call with a buffer in the region is made as the trap would make it, without the
-//!   trap (`checked!`); any other goes to the C library.
+//!   trap; any other goes to the C library.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr::null_mut;
@@ -54,8 +54,16 @@ fn from_kernel(r: i64) -> i64 {
     }
 }
 
+/// A C library function of the guard's: with the guard active, made through
+/// `guard::call_for_program` (buffers brought back and pinned, as the SIGSYS handler does) when
+/// `$when` says so; else the C library's own. `always`: the calls whose pointers point at more
+/// pointers (readv's iovecs, sendmsg's msghdr), which the filter sees only at the first level.
+/// `trapped`: the calls with a buffer the filter checks, made here when the filter would trap
+/// them (a trap costs ~2.8 µs: SIGSYS, its frame and sigreturn; redis's `read` into its query
+/// buffer and `epoll_wait` into its event array cost it 15% of its GET rate below the budget);
+/// any other such call goes to the C library as is (a cancellation point stays one).
 macro_rules! guarded {
-    ($name:ident, $lit:literal, $nr:expr, ($($a:ident: $t:ty),*) -> $r:ty, [$($arg:expr),*]) => {
+    ($when:ident, $name:ident, $lit:literal, $nr:expr, ($($a:ident: $t:ty),*) -> $r:ty, [$($arg:expr),*]) => {
         /// # Safety
         /// The C library's function of this name.
         #[no_mangle]
@@ -65,71 +73,55 @@ macro_rules! guarded {
                 for (slot, v) in args.iter_mut().zip([$($arg as u64),*]) {
                     *slot = v;
                 }
-                return from_kernel(guard::call($nr, args)) as $r;
-            }
-            real!(F, $lit, fn($($a: $t),*) -> $r)
-        }
-    };
-}
-
-type Iov = *const libc::iovec;
-type Off = libc::off_t;
-
-guarded!(readv, c"readv", libc::SYS_readv, (fd: c_int, iov: Iov, n: c_int) -> isize, [fd, iov, n]);
-guarded!(writev, c"writev", libc::SYS_writev, (fd: c_int, iov: Iov, n: c_int) -> isize, [fd, iov, n]);
-guarded!(preadv, c"preadv", libc::SYS_preadv, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
-guarded!(pwritev, c"pwritev", libc::SYS_pwritev, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
-guarded!(preadv64, c"preadv64", libc::SYS_preadv, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
-guarded!(pwritev64, c"pwritev64", libc::SYS_pwritev, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
-guarded!(preadv2, c"preadv2", libc::SYS_preadv2, (fd: c_int, iov: Iov, n: c_int, o: Off, fl: c_int) -> isize, [fd, iov, n, o, 0, fl]);
-guarded!(pwritev2, c"pwritev2", libc::SYS_pwritev2, (fd: c_int, iov: Iov, n: c_int, o: Off, fl: c_int) -> isize, [fd, iov, n, o, 0, fl]);
-guarded!(sendmsg, c"sendmsg", libc::SYS_sendmsg, (fd: c_int, m: *const libc::msghdr, fl: c_int) -> isize, [fd, m, fl]);
-guarded!(recvmsg, c"recvmsg", libc::SYS_recvmsg, (fd: c_int, m: *mut libc::msghdr, fl: c_int) -> isize, [fd, m, fl]);
-guarded!(sendmmsg, c"sendmmsg", libc::SYS_sendmmsg, (fd: c_int, m: *mut libc::mmsghdr, n: u32, fl: c_int) -> c_int, [fd, m, n, fl]);
-guarded!(recvmmsg, c"recvmmsg", libc::SYS_recvmmsg, (fd: c_int, m: *mut libc::mmsghdr, n: u32, fl: c_int, t: *mut libc::timespec) -> c_int, [fd, m, n, fl, t]);
-
-/// Wrappers of the C library's calls with a buffer the filter checks: a call whose buffer lies
-/// in the region is made here, as the SIGSYS handler would make it, instead of being trapped
-/// (~2.8 µs each: redis's `read` into its query buffer and `epoll_wait` into its event array
-/// cost it 15% of its GET rate below the budget). Any other call goes to the C library as is
-/// (a cancellation point stays one). x86_64's glibc makes `recv`/`send` as recvfrom/sendto.
-macro_rules! checked {
-    ($name:ident, $lit:literal, $nr:expr, ($($a:ident: $t:ty),*) -> $r:ty, [$($arg:expr),*]) => {
-        /// # Safety
-        /// The C library's function of this name.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
-            if guard::active() {
-                let mut args = [0u64; 6];
-                for (slot, v) in args.iter_mut().zip([$($arg as u64),*]) {
-                    *slot = v;
-                }
-                if guard::would_trap($nr, &args) {
+                if guarded!(@$when $nr, &args) {
                     return from_kernel(guard::call_for_program($nr, args)) as $r;
                 }
             }
             real!(F, $lit, fn($($a: $t),*) -> $r)
         }
     };
+    (@always $nr:expr, $args:expr) => {
+        true
+    };
+    (@trapped $nr:expr, $args:expr) => {
+        guard::would_trap($nr, $args)
+    };
 }
 
+type Iov = *const libc::iovec;
+type Off = libc::off_t;
+
+guarded!(always, readv, c"readv", libc::SYS_readv, (fd: c_int, iov: Iov, n: c_int) -> isize, [fd, iov, n]);
+guarded!(always, writev, c"writev", libc::SYS_writev, (fd: c_int, iov: Iov, n: c_int) -> isize, [fd, iov, n]);
+guarded!(always, preadv, c"preadv", libc::SYS_preadv, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
+guarded!(always, pwritev, c"pwritev", libc::SYS_pwritev, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
+guarded!(always, preadv64, c"preadv64", libc::SYS_preadv, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
+guarded!(always, pwritev64, c"pwritev64", libc::SYS_pwritev, (fd: c_int, iov: Iov, n: c_int, o: Off) -> isize, [fd, iov, n, o, 0]);
+guarded!(always, preadv2, c"preadv2", libc::SYS_preadv2, (fd: c_int, iov: Iov, n: c_int, o: Off, fl: c_int) -> isize, [fd, iov, n, o, 0, fl]);
+guarded!(always, pwritev2, c"pwritev2", libc::SYS_pwritev2, (fd: c_int, iov: Iov, n: c_int, o: Off, fl: c_int) -> isize, [fd, iov, n, o, 0, fl]);
+guarded!(always, sendmsg, c"sendmsg", libc::SYS_sendmsg, (fd: c_int, m: *const libc::msghdr, fl: c_int) -> isize, [fd, m, fl]);
+guarded!(always, recvmsg, c"recvmsg", libc::SYS_recvmsg, (fd: c_int, m: *mut libc::msghdr, fl: c_int) -> isize, [fd, m, fl]);
+guarded!(always, sendmmsg, c"sendmmsg", libc::SYS_sendmmsg, (fd: c_int, m: *mut libc::mmsghdr, n: u32, fl: c_int) -> c_int, [fd, m, n, fl]);
+guarded!(always, recvmmsg, c"recvmmsg", libc::SYS_recvmmsg, (fd: c_int, m: *mut libc::mmsghdr, n: u32, fl: c_int, t: *mut libc::timespec) -> c_int, [fd, m, n, fl, t]);
+
+// x86_64's glibc makes `recv` and `send` as recvfrom and sendto.
 type Buf = *mut c_void;
 type CBuf = *const c_void;
 type Addr = *mut libc::sockaddr;
 type AddrLen = *mut libc::socklen_t;
 
-checked!(read, c"read", libc::SYS_read, (fd: c_int, b: Buf, n: usize) -> isize, [fd, b, n]);
-checked!(write, c"write", libc::SYS_write, (fd: c_int, b: CBuf, n: usize) -> isize, [fd, b, n]);
-checked!(pread, c"pread", libc::SYS_pread64, (fd: c_int, b: Buf, n: usize, o: Off) -> isize, [fd, b, n, o]);
-checked!(pread64, c"pread64", libc::SYS_pread64, (fd: c_int, b: Buf, n: usize, o: Off) -> isize, [fd, b, n, o]);
-checked!(pwrite, c"pwrite", libc::SYS_pwrite64, (fd: c_int, b: CBuf, n: usize, o: Off) -> isize, [fd, b, n, o]);
-checked!(pwrite64, c"pwrite64", libc::SYS_pwrite64, (fd: c_int, b: CBuf, n: usize, o: Off) -> isize, [fd, b, n, o]);
-checked!(recv, c"recv", libc::SYS_recvfrom, (fd: c_int, b: Buf, n: usize, fl: c_int) -> isize, [fd, b, n, fl, 0, 0]);
-checked!(recvfrom, c"recvfrom", libc::SYS_recvfrom, (fd: c_int, b: Buf, n: usize, fl: c_int, a: Addr, l: AddrLen) -> isize, [fd, b, n, fl, a, l]);
-checked!(send, c"send", libc::SYS_sendto, (fd: c_int, b: CBuf, n: usize, fl: c_int) -> isize, [fd, b, n, fl, 0, 0]);
-checked!(sendto, c"sendto", libc::SYS_sendto, (fd: c_int, b: CBuf, n: usize, fl: c_int, a: *const libc::sockaddr, l: libc::socklen_t) -> isize, [fd, b, n, fl, a, l]);
-checked!(epoll_wait, c"epoll_wait", libc::SYS_epoll_wait, (ep: c_int, ev: *mut libc::epoll_event, n: c_int, t: c_int) -> c_int, [ep, ev, n, t]);
-checked!(poll, c"poll", libc::SYS_poll, (fds: *mut libc::pollfd, n: libc::nfds_t, t: c_int) -> c_int, [fds, n, t]);
+guarded!(trapped, read, c"read", libc::SYS_read, (fd: c_int, b: Buf, n: usize) -> isize, [fd, b, n]);
+guarded!(trapped, write, c"write", libc::SYS_write, (fd: c_int, b: CBuf, n: usize) -> isize, [fd, b, n]);
+guarded!(trapped, pread, c"pread", libc::SYS_pread64, (fd: c_int, b: Buf, n: usize, o: Off) -> isize, [fd, b, n, o]);
+guarded!(trapped, pread64, c"pread64", libc::SYS_pread64, (fd: c_int, b: Buf, n: usize, o: Off) -> isize, [fd, b, n, o]);
+guarded!(trapped, pwrite, c"pwrite", libc::SYS_pwrite64, (fd: c_int, b: CBuf, n: usize, o: Off) -> isize, [fd, b, n, o]);
+guarded!(trapped, pwrite64, c"pwrite64", libc::SYS_pwrite64, (fd: c_int, b: CBuf, n: usize, o: Off) -> isize, [fd, b, n, o]);
+guarded!(trapped, recv, c"recv", libc::SYS_recvfrom, (fd: c_int, b: Buf, n: usize, fl: c_int) -> isize, [fd, b, n, fl, 0, 0]);
+guarded!(trapped, recvfrom, c"recvfrom", libc::SYS_recvfrom, (fd: c_int, b: Buf, n: usize, fl: c_int, a: Addr, l: AddrLen) -> isize, [fd, b, n, fl, a, l]);
+guarded!(trapped, send, c"send", libc::SYS_sendto, (fd: c_int, b: CBuf, n: usize, fl: c_int) -> isize, [fd, b, n, fl, 0, 0]);
+guarded!(trapped, sendto, c"sendto", libc::SYS_sendto, (fd: c_int, b: CBuf, n: usize, fl: c_int, a: *const libc::sockaddr, l: libc::socklen_t) -> isize, [fd, b, n, fl, a, l]);
+guarded!(trapped, epoll_wait, c"epoll_wait", libc::SYS_epoll_wait, (ep: c_int, ev: *mut libc::epoll_event, n: c_int, t: c_int) -> c_int, [ep, ev, n, t]);
+guarded!(trapped, poll, c"poll", libc::SYS_poll, (fds: *mut libc::pollfd, n: libc::nfds_t, t: c_int) -> c_int, [fds, n, t]);
 
 /// A set to block without SIGBUS and SIGSYS, where the guard needs them.
 unsafe fn keep_ours(

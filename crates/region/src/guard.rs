@@ -74,8 +74,8 @@ static PROGRAM_BUS: zmem_os::spin::SpinLock<KernelSigaction> =
 static PROGRAM_SYS: zmem_os::spin::SpinLock<KernelSigaction> =
     zmem_os::spin::SpinLock::new(NO_ACTION);
 
-/// Calls the filter trapped (zmem's traps only) and calls with a buffer in the region that the
-/// preload library's wrappers made without a trap.
+/// Calls the filter trapped (zmem's traps only), and calls the preload library's wrappers made
+/// through the guard without a trap.
 static TRAPS: AtomicU64 = AtomicU64::new(0);
 static WRAPPED: AtomicU64 = AtomicU64::new(0);
 
@@ -84,7 +84,9 @@ static WRAPPED: AtomicU64 = AtomicU64::new(0);
 pub struct GuardStats {
     /// System calls the filter trapped (SIGSYS) and zmem's handler made.
     pub traps: u64,
-    /// Calls with a buffer in the region made by the C library wrappers, without a trap.
+    /// Calls the preload library's wrappers of the C library made through the guard, without
+    /// a trap: readv/writev/sendmsg/... always, read/write/poll/... when a buffer is in the
+    /// region.
     pub wrapped: u64,
 }
 
@@ -591,7 +593,8 @@ pub fn would_trap(nr: i64, a: &[u64; 6]) -> bool {
 }
 
 /// Makes call `nr` for the program as the SIGSYS handler would have (buffers in the region
-/// brought back and pinned first); returns what the kernel returns (`-errno` on failure).
+/// brought back and pinned first; on zmem's own threads, and in zmem's code serving a fault,
+/// the plain call); returns what the kernel returns (`-errno` on failure).
 pub fn call_for_program(nr: i64, a: [u64; 6]) -> i64 {
     WRAPPED.fetch_add(1, Relaxed);
     // As in the handler: zmem code on the program's thread allocates from zmem's heap.
@@ -618,10 +621,9 @@ fn dispatch(nr: i64, a: [u64; 6]) -> i64 {
 }
 
 /// Makes system call `nr` for the program with its buffers in the region brought back and
-/// pinned first; returns what the kernel returns (`-errno` on failure). The SIGSYS handler's
-/// work, and what the preload library's wrappers of calls with pointers behind pointers
-/// (writev, sendmsg, ...) call directly.
-pub fn call(nr: i64, a: [u64; 6]) -> i64 {
+/// pinned first; returns what the kernel returns (`-errno` on failure). The work of the SIGSYS
+/// handler and of the preload library's wrappers (both through `dispatch`).
+fn call(nr: i64, a: [u64; 6]) -> i64 {
     let rule = syscalls::rule(nr);
     match rule {
         Rule::Allow => raw(nr, a),

@@ -26,7 +26,7 @@ int main(int argc, char **argv) {
     if (mode == 1) { pid_t c = vfork(); if (c == 0) { execl("/bin/true", "true", NULL); _exit(127); } waitpid(c, &st, 0); printf("vfork: status %d bad %zu\n", st, check(p,n,3)); }
     if (mode == 2) { pid_t c = fork(); if (c == 0) { unsigned char *q = fill(n, 7); _exit(check(p,n,3) != 0 || check(q,n,7) != 0); } waitpid(c, &st, 0); printf("fork: status %d bad %zu\n", st, check(p,n,3)); }
     if (mode == 3) { pid_t c = fork(); if (c == 0) { execl(argv[2], argv[2], NULL); _exit(127); } waitpid(c, &st, 0); printf("static exec: status %d bad %zu\n", st, check(p,n,3)); }
-    if (mode == 5) { void *volatile a = malloc(4000); free(a); free(a); unsigned char *q = fill(4000, 9); printf("double free: status 0 bad %zu\n", check(p,n,3) + check(q,4000,9)); }
+    if (mode == 5) { void *volatile a = malloc(4368); free(a); free(a); unsigned char *q = fill(4368, 9); printf("double free: status 0 bad %zu\n", check(p,n,3) + check(q,4368,9)); }
     if (mode == 4) { char *stack = malloc(1<<20); pid_t c = clone(child_fn, stack + (1<<20), SIGCHLD, p); waitpid(c, &st, 0); printf("clone: status %d bad %zu\n", st, check(p,n,3)); }
     return 0;
 }
