@@ -147,10 +147,11 @@ const MID_STEP: usize = 1 << 20;
 /// `release_min`): dropping every freed page made sqlite 25% slower (35k madvise calls, each a
 /// REMOVE event, and as many faults when the holes were reused).
 const MID_RELEASE_MIN: usize = 32 << 10;
-/// ... and once it has stayed free this long (zmem_fit's `release_delay`, milliseconds): gcc's
-/// cc1 freed and refilled the same 32–48 KiB holes every ~7 ms, and dropping them at once cost
-/// 1,000 madvise calls (each a REMOVE event) and 8,000 faults per compile, 0.2–0.3 s of 2.6.
-const MID_RELEASE_DELAY_MS: u64 = 50;
+/// ... and once it has stayed free this long (zmem_fit's `release_delay`; mimalloc's
+/// `purge_delay` is the same): gcc's cc1 freed and refilled the same 32–48 KiB holes every
+/// ~7 ms, and dropping them at once cost 1,000 madvise calls (each a REMOVE event) and 8,000
+/// faults per compile, 0.2–0.3 s of 2.6; its 4 KB obstack chunks, in mimalloc, as many again.
+const FREED_DROP_DELAY_MS: u64 = 50;
 /// Frees of exact-fit blocks that are not live (double frees, pointers into a block), said
 /// once on stderr.
 pub static MID_BAD_FREES: AtomicU64 = AtomicU64::new(0);
@@ -916,7 +917,7 @@ unsafe fn add_region_arenas(
                 end,
                 MID_STEP,
                 MID_RELEASE_MIN,
-                MID_RELEASE_DELAY_MS,
+                FREED_DROP_DELAY_MS,
             )
         }
         .map_err(|e| format!("exact-fit span: {e}"))?;
@@ -943,13 +944,14 @@ unsafe fn add_region_arenas(
     }
     mi::mi_option_set(mi::OPTION_DISALLOW_OS_ALLOC, 1);
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // Freed memory leaves the region at once (mimalloc waits 1 s by default): pages the
+        // Freed memory leaves the region soon (mimalloc waits 1 s by default): pages the
         // program freed are then dropped instead of being evicted, compressed and faulted back
-        // as if they were data. Measured (zmem run --resident 16M --size 2G,
-        // tests/c/malloc_stress.c 4 3000 700 1): evictions 355,841 -> 309,660, major faults
-        // 191,920 -> 172,786, peak heap data 231M -> 201M; the time within this VM's noise
-        // (7.0-8.2 s either way). sqlite3 :memory: (1M rows, index, GROUP BY): no change.
-        mi::mi_option_set(mi::OPTION_PURGE_DELAY, 0);
+        // as if they were data. Measured with 0 against 1 s (zmem run --resident 16M --size
+        // 2G, tests/c/malloc_stress.c 4 3000 700 1): evictions 355,841 -> 309,660, major
+        // faults 191,920 -> 172,786, peak heap data 231M -> 201M. Not at once: gcc's cc1 frees
+        // and refills its 4 KB obstack chunks within milliseconds, and a purge at once cost it
+        // 1,500 madvise calls (REMOVE events) and 6% of its time (session 34).
+        mi::mi_option_set(mi::OPTION_PURGE_DELAY, FREED_DROP_DELAY_MS as _);
     }
     mi::mi_option_set(mi::OPTION_ARENA_MAX_OBJECT_SIZE, (REGION_CHUNK >> 10) as _);
     Ok(span)
