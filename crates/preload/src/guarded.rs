@@ -123,6 +123,44 @@ guarded!(trapped, sendto, c"sendto", libc::SYS_sendto, (fd: c_int, b: CBuf, n: u
 guarded!(trapped, epoll_wait, c"epoll_wait", libc::SYS_epoll_wait, (ep: c_int, ev: *mut libc::epoll_event, n: c_int, t: c_int) -> c_int, [ep, ev, n, t]);
 guarded!(trapped, poll, c"poll", libc::SYS_poll, (fds: *mut libc::pollfd, n: libc::nfds_t, t: c_int) -> c_int, [fds, n, t]);
 
+/// Looks up the C library's functions behind the wrappers above now, at start-up, by calling
+/// each on descriptor -1: zmem's own code calls them too (the SSD tier's `pread` in a fault),
+/// and a first call from a SIGBUS handler would run dlsym, which takes the loader's lock that
+/// the interrupted thread may hold.
+pub(crate) fn resolve_libc() {
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // SAFETY: every call names descriptor -1 (EBADF) and no buffer, or none (poll of nothing
+    // with a zero timeout).
+    unsafe {
+        let (b, c) = (null_mut::<c_void>(), std::ptr::null::<c_void>());
+        read(-1, b, 0);
+        write(-1, c, 0);
+        pread(-1, b, 0, 0);
+        pread64(-1, b, 0, 0);
+        pwrite(-1, c, 0, 0);
+        pwrite64(-1, c, 0, 0);
+        recv(-1, b, 0, 0);
+        recvfrom(-1, b, 0, 0, null_mut(), null_mut());
+        send(-1, c, 0, 0);
+        sendto(-1, c, 0, 0, std::ptr::null(), 0);
+        epoll_wait(-1, null_mut(), 1, 0);
+        poll(null_mut(), 0, 0);
+        readv(-1, std::ptr::null(), 0);
+        writev(-1, std::ptr::null(), 0);
+        preadv(-1, std::ptr::null(), 0, 0);
+        pwritev(-1, std::ptr::null(), 0, 0);
+        preadv64(-1, std::ptr::null(), 0, 0);
+        pwritev64(-1, std::ptr::null(), 0, 0);
+        preadv2(-1, std::ptr::null(), 0, 0, 0);
+        pwritev2(-1, std::ptr::null(), 0, 0, 0);
+        sendmsg(-1, std::ptr::null(), 0);
+        recvmsg(-1, null_mut(), 0);
+        sendmmsg(-1, null_mut(), 0, 0);
+        recvmmsg(-1, null_mut(), 0, 0, null_mut());
+    }
+    crate::set_errno(errno);
+}
+
 /// A set to block without SIGBUS and SIGSYS, where the guard needs them.
 unsafe fn keep_ours(
     how: c_int,

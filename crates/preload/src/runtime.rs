@@ -151,6 +151,7 @@ fn init() -> Result<(), InitError> {
             machine_memory.min(size),
         )),
     };
+    crate::guarded::resolve_libc();
     let mut rc = RegionConfig::new(size, budget);
     rc.policy = config.policy;
     rc.eviction = config.eviction;
