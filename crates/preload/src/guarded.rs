@@ -123,8 +123,8 @@ guarded!(trapped, sendto, c"sendto", libc::SYS_sendto, (fd: c_int, b: CBuf, n: u
 guarded!(trapped, epoll_wait, c"epoll_wait", libc::SYS_epoll_wait, (ep: c_int, ev: *mut libc::epoll_event, n: c_int, t: c_int) -> c_int, [ep, ev, n, t]);
 guarded!(trapped, poll, c"poll", libc::SYS_poll, (fds: *mut libc::pollfd, n: libc::nfds_t, t: c_int) -> c_int, [fds, n, t]);
 
-/// Looks up the C library's functions behind the wrappers above now, at start-up, by calling
-/// each on descriptor -1: zmem's own code calls them too (the SSD tier's `pread` in a fault),
+/// Looks up the C library's functions behind the wrappers above (and `close`, `dup2`) now, at
+/// start-up, by calling each on descriptor -1: zmem's own code calls them too (the SSD tier's `pread` in a fault),
 /// and a first call from a SIGBUS handler would run dlsym, which takes the loader's lock that
 /// the interrupted thread may hold.
 pub(crate) fn resolve_libc() {
@@ -157,6 +157,9 @@ pub(crate) fn resolve_libc() {
         recvmsg(-1, null_mut(), 0);
         sendmmsg(-1, null_mut(), 0, 0);
         recvmmsg(-1, null_mut(), 0, 0, null_mut());
+        // fds.rs's wrappers look theirs up the same way.
+        crate::fds::close(-1);
+        crate::fds::dup2(-1, -1);
     }
     crate::set_errno(errno);
 }
