@@ -32,6 +32,18 @@ pub fn kernel_page_size() -> usize {
     usize::try_from(n).unwrap_or(PAGE_SIZE)
 }
 
+/// Milliseconds of `clock` (CLOCK_MONOTONIC, or CLOCK_MONOTONIC_COARSE where the tick's few ms
+/// of resolution are enough: read from the vDSO either way, no system call).
+pub fn clock_ms(clock: libc::clockid_t) -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: t is a valid timespec.
+    unsafe { libc::clock_gettime(clock, &mut t) };
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

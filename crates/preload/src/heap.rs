@@ -207,7 +207,8 @@ fn with_mid<T>(f: impl FnOnce(&mut zmem_fit::Fit) -> T) -> Option<T> {
     let mut fit = MID.lock();
     // The time, for the holes freed now and those whose delay has passed.
     // SAFETY: the span is the region's, mapped for the life of the process.
-    let aged = unsafe { fit.advance(coarse_ms()) };
+    // (The clock tick's few ms of resolution are enough to age holes.)
+    let aged = unsafe { fit.advance(zmem_os::clock_ms(libc::CLOCK_MONOTONIC_COARSE)) };
     mid_drop(aged);
     let pending = PENDING_FREES.swap(0, Acquire);
     if pending != 0 {
@@ -217,18 +218,6 @@ fn with_mid<T>(f: impl FnOnce(&mut zmem_fit::Fit) -> T) -> Option<T> {
     drop(fit);
     IN_MID.with(|c| c.set(false));
     Some(r)
-}
-
-/// Monotonic milliseconds at the clock tick's resolution (a few ms; read from the vDSO, no
-/// system call): enough to age the exact-fit span's holes.
-fn coarse_ms() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: t is a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
-    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
 }
 
 #[cold]

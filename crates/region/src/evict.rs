@@ -27,13 +27,7 @@ pub(crate) const FULL_SAID_MS: u64 = 10_000;
 pub(crate) const RUN_PAGES: usize = 16;
 /// Monotonic milliseconds.
 pub(crate) fn now_ms() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: t is a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+    zmem_os::clock_ms(libc::CLOCK_MONOTONIC)
 }
 
 impl Shared {
