@@ -82,6 +82,13 @@ pub struct RunArgs {
     /// key that lives only in the program's memory).
     #[arg(long, requires = "ssd")]
     pub ssd_no_encrypt: bool,
+    /// Most pages one read from the SSD tier brings, the faulting page included: objects of
+    /// neighbouring pages that lie near it on the log come in the same device read and wait
+    /// for their own faults; the window follows how many of them are used, like the kernel's
+    /// swap read-ahead. 1: no read-ahead.
+    #[arg(long, requires = "ssd", default_value_t = zmem_runenv::DEFAULT_SSD_READ_AHEAD as u64,
+          value_parser = clap::value_parser!(u64).range(1..=zmem_runenv::MAX_SSD_READ_AHEAD as u64))]
+    pub ssd_read_ahead: u64,
     /// Compression policy: fast (lz4), balanced (zstd-1), max (zstd, blocks), auto.
     #[arg(long, default_value = "fast", value_parser = zmem_bench::POLICIES)]
     pub policy: String,
@@ -290,6 +297,7 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
             .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
         ssd_size: a.ssd_size,
         ssd_encrypt: !a.ssd_no_encrypt,
+        ssd_read_ahead: a.ssd_read_ahead as usize,
         report_dir: Some(report_dir.to_path_buf()),
         socket_dir: std::env::var_os(zmem_runenv::ENV_SOCKET_DIR).map(PathBuf::from),
         on_error: if a.fallback {

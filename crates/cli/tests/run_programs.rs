@@ -905,6 +905,56 @@ fn c_malloc_stress_through_the_ssd_tier() {
     assert_eq!(std::fs::read_dir(&ssd).unwrap().count(), 0);
 }
 
+/// A walk over memory that went to the SSD tier is read ahead: the writeback puts neighbouring
+/// pages next to each other on the log and one read brings several, so most pages of the walk
+/// come back without a device read of their own; `--ssd-read-ahead 1` turns it off. Every word
+/// is checked by the program either way.
+#[test]
+fn a_walk_over_the_ssd_tier_is_read_ahead() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("walk", dir.path(), &[]);
+    let ssd = dir.path().join("ssd");
+    std::fs::create_dir(&ssd).unwrap();
+    for read_ahead in ["8", "1"] {
+        let stats = dir.path().join(format!("stats-{read_ahead}.json"));
+        let mut cmd = zmem_cmd(&[
+            "run",
+            "--resident",
+            "16M",
+            "--store-limit",
+            "8M",
+            "--ssd-size",
+            "512M",
+            "--ssd-read-ahead",
+            read_ahead,
+            "--stats",
+        ]);
+        cmd.arg(&stats).arg("--ssd").arg(&ssd).arg("--").arg(&prog);
+        cmd.args(["64", "1"]);
+        let out = run_to_end(cmd, dir.path(), "walk-ssd", Duration::from_secs(300));
+        assert_eq!(
+            (out.code, out.stdout.trim()),
+            (Some(0), "ok"),
+            "walk under zmem run --ssd --ssd-read-ahead {read_ahead}\nstderr: {}",
+            tail(&out.stderr)
+        );
+        let report = read_json(&stats);
+        let store = &report["zmem"]["region"]["store"];
+        let (reads, hits) = (num(store, "lower_reads"), num(store, "lower_ahead_hits"));
+        assert!(reads > 5000, "the walk reads the log: {store}");
+        if read_ahead == "1" {
+            assert_eq!(hits, 0, "{store}");
+        } else {
+            assert!(hits > reads / 2, "{hits} of {reads} pages read ahead: {store}");
+        }
+        assert_eq!(num(store, "lower_errors"), 0, "{store}");
+    }
+}
+
 /// Issue 10's invariant: no zmem thread reads program heap memory. The program's environment,
 /// locale data and stdout buffer live in its heap, which a 4M budget evicts over and over while
 /// it frees and grows blocks (the allocator purges) and zmem's threads log at debug level.

@@ -179,7 +179,9 @@ fn init() -> Result<(), InitError> {
             lc.encrypt = config.ssd_encrypt;
             let log = zmem_tier::Log::open(lc)
                 .map_err(|e| fail(format!("SSD tier at {}: {e}", path.display())))?;
-            rc.lower = Some(zmem_store::LowerConfig::new(log.clone()));
+            let mut lower = zmem_store::LowerConfig::new(log.clone());
+            lower.read_ahead = config.ssd_read_ahead;
+            rc.lower = Some(lower);
             Some(log)
         }
         None => None,

@@ -62,6 +62,10 @@ pub use config::{
 };
 pub use error::RegionError;
 pub use signal::signal_faults_on_this_thread;
+/// The SSD tier's read-ahead: its default and most pages per read (`LowerConfig::read_ahead`).
+pub use zmem_store::{
+    DEFAULT_READ_AHEAD as DEFAULT_SSD_READ_AHEAD, MAX_READ_AHEAD as MAX_SSD_READ_AHEAD,
+};
 
 /// Whether this machine can run regions: what `zmem doctor` asks.
 pub mod userfaultfd {

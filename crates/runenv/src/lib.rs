@@ -68,6 +68,10 @@ pub const ENV_SSD_SIZE: &str = "ZMEM_SSD_SIZE";
 /// `0`: the log is not encrypted (`--ssd-no-encrypt`); unset or `1`: AES-256-GCM under a key
 /// that lives only in the process.
 pub const ENV_SSD_ENCRYPT: &str = "ZMEM_SSD_ENCRYPT";
+/// Most pages one read from the SSD tier brings, the faulting page included (its neighbours'
+/// objects near it on the log, kept for their own faults); `1`: none (`--ssd-read-ahead`);
+/// unset: [`DEFAULT_SSD_READ_AHEAD`].
+pub const ENV_SSD_READ_AHEAD: &str = "ZMEM_SSD_READ_AHEAD";
 /// Directory where each process writes `<pid>.json` when it exits (set by `zmem run`).
 pub const ENV_REPORT_DIR: &str = "ZMEM_REPORT_DIR";
 /// Directory of the stats sockets (default [`default_socket_dir`]).
@@ -87,7 +91,7 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 25] = [
+pub const ALL_VARS: [&str; 26] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -106,6 +110,7 @@ pub const ALL_VARS: [&str; 25] = [
     ENV_SSD,
     ENV_SSD_SIZE,
     ENV_SSD_ENCRYPT,
+    ENV_SSD_READ_AHEAD,
     ENV_REPORT_DIR,
     ENV_SOCKET_DIR,
     ENV_ON_ERROR,
@@ -117,7 +122,9 @@ pub const ALL_VARS: [&str; 25] = [
 
 /// The default resident budget when neither `ZMEM_RESIDENT` nor `ZMEM_ADAPTIVE` is set.
 pub const DEFAULT_RESIDENT: u64 = 256 << 20;
-pub use zmem_region::{DEFAULT_SSD_SIZE, MIN_SSD_STORE_LIMIT};
+pub use zmem_region::{
+    DEFAULT_SSD_READ_AHEAD, DEFAULT_SSD_SIZE, MAX_SSD_READ_AHEAD, MIN_SSD_STORE_LIMIT,
+};
 /// The heap's default virtual size is this many times the machine's memory (untouched pages
 /// cost nothing but address space).
 pub const DEFAULT_SIZE_PER_RAM: u64 = 4;
@@ -175,6 +182,8 @@ pub struct RunConfig {
     pub ssd: Option<PathBuf>,
     pub ssd_size: Option<u64>,
     pub ssd_encrypt: bool,
+    /// See [`ENV_SSD_READ_AHEAD`].
+    pub ssd_read_ahead: usize,
     pub report_dir: Option<PathBuf>,
     pub socket_dir: Option<PathBuf>,
     pub on_error: OnError,
@@ -205,6 +214,7 @@ impl Default for RunConfig {
             ssd: None,
             ssd_size: None,
             ssd_encrypt: true,
+            ssd_read_ahead: DEFAULT_SSD_READ_AHEAD,
             report_dir: None,
             socket_dir: None,
             on_error: OnError::Fail,
@@ -297,6 +307,19 @@ impl RunConfig {
         c.ssd = get(ENV_SSD).filter(|s| !s.is_empty()).map(PathBuf::from);
         c.ssd_size = size(ENV_SSD_SIZE)?;
         c.ssd_encrypt = flag(ENV_SSD_ENCRYPT, true)?;
+        if let Some(v) = get(ENV_SSD_READ_AHEAD).filter(|v| !v.is_empty()) {
+            c.ssd_read_ahead = v
+                .parse()
+                .ok()
+                .filter(|n| (1..=MAX_SSD_READ_AHEAD).contains(n))
+                .ok_or_else(|| {
+                    invalid(
+                        ENV_SSD_READ_AHEAD,
+                        &v,
+                        format!("expected 1..={MAX_SSD_READ_AHEAD} pages (1: no read-ahead)"),
+                    )
+                })?;
+        }
         c.report_dir = get(ENV_REPORT_DIR)
             .filter(|s| !s.is_empty())
             .map(PathBuf::from);
@@ -374,6 +397,9 @@ impl RunConfig {
         }
         if !self.ssd_encrypt {
             v.push((ENV_SSD_ENCRYPT, "0".into()));
+        }
+        if self.ssd_read_ahead != DEFAULT_SSD_READ_AHEAD {
+            v.push((ENV_SSD_READ_AHEAD, self.ssd_read_ahead.to_string()));
         }
         if let Some(d) = &self.report_dir {
             v.push((ENV_REPORT_DIR, d.display().to_string()));
@@ -714,6 +740,15 @@ mod tests {
         assert_eq!(c.effective_store_limit(), Some(5 << 20));
         let bad = RunConfig::from_vars(vars(&[(ENV_SSD_ENCRYPT, "yes")]));
         assert!(matches!(bad, Err(ConfigError::Invalid { var, .. }) if var == ENV_SSD_ENCRYPT));
+        for v in ["0", "18", "eight"] {
+            let bad = RunConfig::from_vars(vars(&[(ENV_SSD_READ_AHEAD, v)]));
+            assert!(
+                matches!(bad, Err(ConfigError::Invalid { var, .. }) if var == ENV_SSD_READ_AHEAD),
+                "{v}"
+            );
+        }
+        let one = RunConfig::from_vars(vars(&[(ENV_SSD_READ_AHEAD, "1")])).unwrap();
+        assert_eq!(one.ssd_read_ahead, 1);
     }
 
     #[test]
@@ -744,6 +779,7 @@ mod tests {
             ssd: Some("/var/tmp".into()),
             ssd_size: Some(2 << 30),
             ssd_encrypt: false,
+            ssd_read_ahead: 3,
             report_dir: Some("/tmp/r".into()),
             socket_dir: Some("/tmp/s".into()),
             on_error: OnError::Off,

@@ -133,7 +133,8 @@ pub fn ssd_line(s: &ProcessStats) -> Option<String> {
         how.push("buffered (no O_DIRECT)");
     }
     Some(format!(
-        "zmem: SSD {} pages ({} compressed) of {} log; written back {} pages, read back {}; \
+        "zmem: SSD {} pages ({} compressed) of {} log; written back {} pages, read back {} \
+         ({} read ahead); \
          device writes {} (write amplification {:.2}), GC moved {} objects, reclaimed {} segments; \
          errors {} read, {} write, {} corrupt; {}\n",
         st.lower_pages,
@@ -141,6 +142,7 @@ pub fn ssd_line(s: &ProcessStats) -> Option<String> {
         human(l.segments * l.segment_size),
         st.writeback_pages,
         st.lower_reads,
+        st.lower_ahead_hits,
         human(l.device_bytes_written),
         l.write_amplification(),
         l.gc_moves,

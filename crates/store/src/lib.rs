@@ -14,6 +14,7 @@
 //! machinery), `write`, `read`, `blocks` (multi-page blocks and their repacking) and
 //! `recompress` (idle recompression).
 
+mod ahead;
 mod blocks;
 mod config;
 mod entropy;
@@ -38,7 +39,7 @@ use zmem_pool::{Handle, Pool, PoolConfig};
 
 pub use config::{StoreConfig, StoreError};
 pub use entropy::LATER_AFTER_MS;
-pub use lower::{LowerConfig, WritebackStats};
+pub use lower::{LowerConfig, WritebackStats, DEFAULT_READ_AHEAD, MAX_READ_AHEAD};
 pub use stats::{RecompressStats, StoreStats};
 
 use lower::Lower;
@@ -328,6 +329,7 @@ impl StoreCore {
             lower_pages: c.lower.load(Ordering::Relaxed),
             lower_bytes: c.lower_bytes.load(Ordering::Relaxed),
             lower_reads: c.lower_reads.load(Ordering::Relaxed),
+            lower_ahead_hits: c.lower_ahead_hits.load(Ordering::Relaxed),
             lower_errors: c.lower_errors.load(Ordering::Relaxed),
             writeback_pages: c.writeback_pages.load(Ordering::Relaxed),
             writeback_bytes: c.writeback_bytes.load(Ordering::Relaxed),

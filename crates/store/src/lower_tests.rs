@@ -409,3 +409,154 @@ fn pages_that_do_not_compress_still_go_to_the_log() {
     let plain = PageStore::new(StoreConfig::new(16, Policy::Fast)).unwrap();
     assert!(!plain.write_if_smaller(0, &noise(0)).unwrap());
 }
+
+fn store_with_read_ahead(log: &Arc<Log>, pages: u64, limit: u64, read_ahead: usize) -> PageStore {
+    let mut cfg = StoreConfig::new(pages, Policy::Fast);
+    cfg.mem_limit = Some(limit);
+    let mut lower = LowerConfig::new(log.clone());
+    lower.read_ahead = read_ahead;
+    cfg.lower = Some(lower);
+    PageStore::new(cfg).unwrap()
+}
+
+#[test]
+fn pages_written_back_together_are_read_together() {
+    for (read_ahead, encrypt) in [(8, true), (8, false), (1, true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = log(&dir, 32 << 20, encrypt);
+        let s = store_with_read_ahead(&log, 2048, 256 << 20, read_ahead);
+        for i in 0..1000 {
+            s.write(i, &page(i, 0)).unwrap();
+        }
+        assert_eq!(s.writeback(u64::MAX).unwrap().pages, 1000);
+        for i in 0..1000 {
+            assert_eq!(read(&s, i), page(i, 0), "page {i}");
+        }
+        let (st, reads) = (s.stats(), log.stats().reads);
+        assert_eq!(st.lower_reads, 1000);
+        if read_ahead == 1 {
+            assert_eq!((st.lower_ahead_hits, reads), (0, 1000));
+        } else {
+            // A walk: the window opens at the second page and stays at 8.
+            assert!(st.lower_ahead_hits > 800, "{st:?}");
+            assert_eq!(reads, 1000 - st.lower_ahead_hits);
+            assert_eq!(log.stats().read_ahead, st.lower_ahead_hits);
+        }
+        // Random order: nearly nothing read ahead is used, and the window closes.
+        let before = s.stats().lower_ahead_hits;
+        let mut r = 12345u64;
+        for _ in 0..2000 {
+            r = r
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let i = (r >> 33) % 1000;
+            assert_eq!(read(&s, i), page(i, 0), "page {i}");
+        }
+        let fetched = log.stats().read_ahead;
+        let used = s.stats().lower_ahead_hits - before;
+        assert!(
+            used < 200,
+            "{used} of 2000 random reads hit what was read ahead ({fetched} fetched in all)"
+        );
+    }
+}
+
+#[test]
+fn read_ahead_never_serves_a_page_stale_contents() {
+    // Pages are rewritten, discarded, written back again and collected between reads that
+    // walk (so that objects are read ahead), against a model of every page.
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 4 << 20, true);
+    let n = 512u64;
+    let s = store_with_read_ahead(&log, n, 64 << 20, 8);
+    let mut model: Vec<Option<u64>> = vec![None; n as usize];
+    let mut r = 99u64;
+    let mut next = || {
+        r = r
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        r >> 33
+    };
+    for round in 0..300u64 {
+        // Rewrite or discard a few pages.
+        for _ in 0..24 {
+            let i = next() % n;
+            if next() % 4 == 0 {
+                s.discard(i).unwrap();
+                model[i as usize] = None;
+            } else {
+                s.write(i, &page(i, round)).unwrap();
+                model[i as usize] = Some(round);
+            }
+        }
+        s.writeback(u64::MAX).unwrap();
+        if round % 7 == 0 {
+            log.collect(usize::MAX);
+        }
+        // A walk of a few pages from a random start (opens the window, reads ahead).
+        let start = next() % n;
+        for i in (start..n).take(6) {
+            let want = model[i as usize].map_or(vec![0u8; PS], |v| page(i, v));
+            assert_eq!(read(&s, i), want, "page {i} in round {round}");
+        }
+    }
+    for i in 0..n {
+        let want = model[i as usize].map_or(vec![0u8; PS], |v| page(i, v));
+        assert_eq!(read(&s, i), want, "page {i} at the end");
+    }
+    let st = s.stats();
+    assert!(st.lower_ahead_hits > 100, "{st:?}");
+    assert_eq!(st.lower_errors, 0);
+    assert_eq!(log.stats().corrupt, 0);
+}
+
+#[test]
+fn read_ahead_outside_its_range_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = log(&dir, 8 << 20, true);
+    for bad in [0, MAX_READ_AHEAD + 1] {
+        let mut cfg = StoreConfig::new(16, Policy::Fast);
+        cfg.mem_limit = Some(1 << 20);
+        let mut lower = LowerConfig::new(log.clone());
+        lower.read_ahead = bad;
+        cfg.lower = Some(lower);
+        let e = PageStore::new(cfg).err().unwrap();
+        assert!(e.to_string().contains("read-ahead"), "{e}");
+    }
+}
+
+#[test]
+fn pages_stored_apart_are_written_beside_their_neighbours() {
+    // Pages enter the pool in a random order (as a program's cold pages are evicted); the
+    // writeback puts neighbours in memory next to each other on the log, so that a walk over
+    // them is read ahead as if they had been stored in order.
+    let dir = tempfile::tempdir().unwrap();
+    // Segments of 1 MiB: all 1000 objects in one or two, so that only where they lie in the
+    // segment decides what one read (64 KiB at most) brings along.
+    let mut cfg = LogConfig::new(dir.path(), 32 << 20);
+    cfg.segment_size = 1 << 20;
+    let log = Log::open(cfg).unwrap();
+    let s = store_with_read_ahead(&log, 2048, 256 << 20, 8);
+    let mut order: Vec<u64> = (0..1000).collect();
+    let mut r = 7u64;
+    for k in (1..order.len()).rev() {
+        r = r
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        order.swap(k, (r >> 33) as usize % (k + 1));
+    }
+    for &i in &order {
+        s.write(i, &page(i, 0)).unwrap();
+    }
+    assert_eq!(s.writeback(u64::MAX).unwrap().pages, 1000, "each page once");
+    assert_eq!(log.stats().objects, 1000);
+    for i in 0..1000 {
+        assert_eq!(read(&s, i), page(i, 0), "page {i}");
+    }
+    let st = s.stats();
+    assert!(
+        st.lower_ahead_hits > 700,
+        "{} of 1000 read ahead",
+        st.lower_ahead_hits
+    );
+}

@@ -59,6 +59,10 @@ pub struct StoreStats {
     /// Pages read back from the SSD tier, and its read or write failures.
     #[serde(default)]
     pub lower_reads: u64,
+    /// Of `lower_reads`, those served from objects an earlier read brought along (no device
+    /// read of their own; `LowerConfig::read_ahead`).
+    #[serde(default)]
+    pub lower_ahead_hits: u64,
     #[serde(default)]
     pub lower_errors: u64,
     /// Pages (and their compressed bytes) written back from the pool to the SSD tier.
@@ -103,6 +107,7 @@ pub(crate) struct Counters {
     pub(crate) lower: AtomicU64,
     pub(crate) lower_bytes: AtomicU64,
     pub(crate) lower_reads: AtomicU64,
+    pub(crate) lower_ahead_hits: AtomicU64,
     pub(crate) lower_errors: AtomicU64,
     pub(crate) writeback_pages: AtomicU64,
     pub(crate) writeback_bytes: AtomicU64,

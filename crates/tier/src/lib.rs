@@ -33,7 +33,7 @@ use std::path::PathBuf;
 pub use zmem_os::Errno;
 
 pub use crate::io::{AlignedBuf, FileIo, SegmentIo, UringUse};
-pub use crate::log::{prepare_thread, Log};
+pub use crate::log::{prepare_thread, Log, ReadAlong, MAX_NEAR};
 pub use crate::memio::MemIo;
 
 /// Where an object lives in the log: segment number (high 32 bits) and byte offset of the
@@ -169,6 +169,8 @@ pub struct LogStats {
     pub device_bytes_written: u64,
     pub segment_writes: u64,
     pub reads: u64,
+    /// Objects read along with another (`Log::read_around`): no read of their own.
+    pub read_ahead: u64,
     pub device_bytes_read: u64,
     /// Objects the collector moved, segments it reclaimed, segments trimmed.
     pub gc_moves: u64,

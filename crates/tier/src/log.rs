@@ -105,6 +105,8 @@ pub(crate) struct Counters {
     pub(crate) device_bytes_written: AtomicU64,
     pub(crate) segment_writes: AtomicU64,
     pub(crate) reads: AtomicU64,
+    /// Objects read along with another by `read_around`.
+    pub(crate) read_ahead: AtomicU64,
     pub(crate) device_bytes_read: AtomicU64,
     pub(crate) gc_moves: AtomicU64,
     pub(crate) gc_segments: AtomicU64,
@@ -170,6 +172,19 @@ thread_local! {
 pub fn prepare_thread() {
     READ_BUF.with(|_| ());
 }
+
+/// An object [`Log::read_around`] read along with the one asked for, as it was read (still
+/// sealed): open it with [`Log::open_fetched`] when its page is read.
+pub struct ReadAlong<'a> {
+    pub index: u64,
+    pub loc: Location,
+    /// The generation of its segment when it was read.
+    pub generation: u64,
+    pub sealed: &'a [u8],
+}
+
+/// Most objects one `read_around` reads along with its own.
+pub const MAX_NEAR: usize = 16;
 
 /// Alignment of every buffer handed to a backend (enough for any O_DIRECT device).
 pub(crate) const BUF_ALIGN: usize = 4096;
@@ -283,6 +298,11 @@ impl Log {
     /// Largest payload one object may have in this log's segments.
     pub fn max_object(&self) -> usize {
         self.seg_size - header_len(1) - self.sealer.overhead()
+    }
+
+    /// Bytes a sealed object has beyond its payload (the AES-GCM tag, or the crc32).
+    pub fn seal_overhead(&self) -> usize {
+        self.sealer.overhead()
     }
 
     /// Bytes of live objects in the log now (`LogStats::live_bytes`, without the rest).
@@ -460,22 +480,114 @@ impl Log {
             Ok(()) => Ok(()),
             Err(fail) => {
                 out.fill(0);
-                Err(match fail {
-                    Fail::Corrupt(why) => {
-                        add(&self.counters.corrupt, 1);
-                        TierError::Corrupt {
-                            segment: loc.segment(),
-                            offset: loc.offset(),
-                            why,
-                        }
-                    }
-                    Fail::Io(e) => {
-                        add(&self.counters.read_errors, 1);
-                        e
-                    }
-                })
+                Err(self.failed(loc, fail))
             }
         }
+    }
+
+    /// Reads the object at `loc` like [`Log::read`] and, in the same device read, the objects
+    /// of `near` (page index, location, payload length) that are live objects of the same
+    /// segment, as far as the read stays within `max_span` bytes; each of those is handed to
+    /// `keep` as it was read, still sealed, to be opened by [`Log::open_fetched`] if its page
+    /// is read later. Objects
+    /// of `near` past the first [`MAX_NEAR`], in another segment, not live or of another
+    /// length are left out. Returns how many went to `keep`. This is the kernel's swap
+    /// read-ahead for the log: objects written together (pages evicted together) are read
+    /// together, for about the cost of one read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_around(
+        &self,
+        owner: OwnerId,
+        index: u64,
+        loc: Location,
+        out: &mut [u8],
+        near: &[(u64, Location, usize)],
+        max_span: usize,
+        keep: &mut dyn FnMut(ReadAlong<'_>),
+    ) -> Result<usize, TierError> {
+        match self.read_object_around(owner, index, loc, out, near, max_span, keep) {
+            Ok(n) => Ok(n),
+            Err(fail) => {
+                out.fill(0);
+                Err(self.failed(loc, fail))
+            }
+        }
+    }
+
+    /// Opens, in place, an object handed out by [`Log::read_around`]: `sealed` as it was read,
+    /// `len` its payload length. True: `sealed[..len]` is now the object of page `index` at
+    /// `loc`. False: it is not that object any more, or never was (freed, its segment
+    /// collected or rewritten since it was read, a torn read, a flipped bit); `sealed` is
+    /// garbage. Read it with [`Log::read`] then, which reports a real corruption.
+    pub fn open_fetched(
+        &self,
+        owner: OwnerId,
+        index: u64,
+        loc: Location,
+        generation: u64,
+        len: usize,
+        sealed: &mut [u8],
+    ) -> bool {
+        let (seg, off) = (loc.segment(), loc.offset());
+        sealed.len() == len + self.sealer.overhead()
+            && self.segs.get(seg as usize).is_some_and(|s| {
+                let entry = {
+                    let m = s.meta.lock();
+                    match Self::live_entry(&m, off, len) {
+                        Ok(e) if m.generation == generation => e,
+                        _ => return false,
+                    }
+                };
+                let b = Binding {
+                    owner,
+                    segment: seg,
+                    index,
+                    generation,
+                    offset: off,
+                    len: len as u32,
+                };
+                self.sealer.open_object(&b, entry as u32, sealed)
+            })
+    }
+
+    /// The error a failed read reports (and counts).
+    fn failed(&self, loc: Location, fail: Fail) -> TierError {
+        match fail {
+            Fail::Corrupt(why) => {
+                add(&self.counters.corrupt, 1);
+                TierError::Corrupt {
+                    segment: loc.segment(),
+                    offset: loc.offset(),
+                    why,
+                }
+            }
+            Fail::Io(e) => {
+                add(&self.counters.read_errors, 1);
+                e
+            }
+        }
+    }
+
+    /// The entry of the live object of `len` payload bytes at `off` of a readable segment.
+    fn live_entry(m: &Meta, off: u32, len: usize) -> Result<usize, Fail> {
+        if !matches!(m.state, State::Sealed | State::Collecting) {
+            return Err(Fail::Corrupt(
+                "not a live object (its segment was reclaimed)",
+            ));
+        }
+        let e = m
+            .offsets
+            .binary_search(&off)
+            .map_err(|_| Fail::Corrupt("no object starts at this offset"))?;
+        if !m.is_live(e) {
+            return Err(Fail::Corrupt("the object was freed"));
+        }
+        if m.lens[e] as usize != len {
+            return Err(Fail::Corrupt(
+                "the object's length differs from the one asked for",
+            ));
+        }
+        Ok(e)
     }
 
     fn read_object(
@@ -485,38 +597,56 @@ impl Log {
         loc: Location,
         out: &mut [u8],
     ) -> Result<(), Fail> {
+        self.read_object_around(owner, index, loc, out, &[], 0, &mut |_| {})
+            .map(|_| ())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read_object_around(
+        &self,
+        owner: OwnerId,
+        index: u64,
+        loc: Location,
+        out: &mut [u8],
+        near: &[(u64, Location, usize)],
+        max_span: usize,
+        keep: &mut dyn FnMut(ReadAlong<'_>),
+    ) -> Result<usize, Fail> {
         let (seg, off) = (loc.segment(), loc.offset());
         let s = self
             .segs
             .get(seg as usize)
             .ok_or(Fail::Corrupt("no such segment"))?;
+        let overhead = self.sealer.overhead();
+        let sealed = out.len() + overhead;
+        let mut start = off as usize & !(self.align - 1);
+        let mut end = align_up(off as usize + sealed, self.align);
+        // The objects read along: (index in `near`), without allocating (this runs in fault
+        // handlers, on the signal route in a signal handler).
+        let mut along = [0usize; MAX_NEAR];
+        let mut n_along = 0;
         let (entry, generation) = {
             let m = s.meta.lock();
-            if !matches!(m.state, State::Sealed | State::Collecting) {
-                return Err(Fail::Corrupt(
-                    "not a live object (its segment was reclaimed)",
-                ));
-            }
-            let e = m
-                .offsets
-                .binary_search(&off)
-                .map_err(|_| Fail::Corrupt("no object starts at this offset"))?;
-            if !m.is_live(e) {
-                return Err(Fail::Corrupt("the object was freed"));
-            }
-            if m.lens[e] as usize != out.len() {
-                return Err(Fail::Corrupt(
-                    "the object's length differs from the one asked for",
-                ));
+            let e = Self::live_entry(&m, off, out.len())?;
+            for (k, &(_, l, len)) in near.iter().enumerate().take(MAX_NEAR) {
+                if l.segment() != seg || l == loc || Self::live_entry(&m, l.offset(), len).is_err()
+                {
+                    continue;
+                }
+                let lo = start.min(l.offset() as usize & !(self.align - 1));
+                let hi = end.max(align_up(l.offset() as usize + len + overhead, self.align));
+                if hi - lo <= max_span {
+                    (start, end) = (lo, hi);
+                    along[n_along] = k;
+                    n_along += 1;
+                }
             }
             (e, m.generation)
         };
-        let sealed = out.len() + self.sealer.overhead();
-        let start = off as usize & !(self.align - 1);
-        let end = align_up(off as usize + sealed, self.align);
         let at = off as usize - start;
         add(&self.counters.reads, 1);
         add(&self.counters.device_bytes_read, (end - start) as u64);
+        add(&self.counters.read_ahead, n_along as u64);
         READ_BUF.with(|cell| {
             let mut slot = cell.borrow_mut();
             if slot.as_ref().is_none_or(|b| b.len() < end - start) {
@@ -552,7 +682,17 @@ impl Log {
                 }));
             }
             out.copy_from_slice(&obj[..out.len()]);
-            Ok(())
+            for &k in &along[..n_along] {
+                let (i, l, len) = near[k];
+                let from = l.offset() as usize - start;
+                keep(ReadAlong {
+                    index: i,
+                    loc: l,
+                    generation,
+                    sealed: &buf[from..from + len + overhead],
+                });
+            }
+            Ok(n_along)
         })
     }
 
@@ -624,6 +764,7 @@ impl Log {
             device_bytes_written: g(&c.device_bytes_written),
             segment_writes: g(&c.segment_writes),
             reads: g(&c.reads),
+            read_ahead: g(&c.read_ahead),
             device_bytes_read: g(&c.device_bytes_read),
             gc_moves: g(&c.gc_moves),
             gc_segments: g(&c.gc_segments),

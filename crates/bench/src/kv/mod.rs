@@ -182,6 +182,10 @@ pub struct KvArgs {
     /// resident heap gets --limit minus this minus --margin [default: --limit / 4].
     #[arg(long, value_parser = parse_size)]
     pub ssd_store_limit: Option<u64>,
+    /// zmem-ssd: `zmem run --ssd-read-ahead` (most pages one log read brings; 1: none)
+    /// [default: zmem run's].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=zmem_runenv::MAX_SSD_READ_AHEAD as u64))]
+    pub ssd_read_ahead: Option<u64>,
     /// zmem-ssd: pass --ssd-no-encrypt to `zmem run` (the log is encrypted by default).
     #[arg(long)]
     pub ssd_no_encrypt: bool,

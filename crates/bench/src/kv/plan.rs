@@ -32,6 +32,8 @@ pub struct SsdPlan {
     pub margin: u64,
     /// zmem-ssd: the log is encrypted (false with --ssd-no-encrypt).
     pub encrypt: bool,
+    /// zmem-ssd: `--ssd-read-ahead`, when given.
+    pub read_ahead: Option<u64>,
 }
 
 /// The run's parameters after validation.
@@ -221,6 +223,7 @@ pub fn ssd_plan(args: &KvArgs, max_data: u64) -> anyhow::Result<SsdPlan> {
         store_limit,
         margin: args.margin,
         encrypt: !args.ssd_no_encrypt,
+        read_ahead: args.ssd_read_ahead,
     })
 }
 

@@ -73,6 +73,9 @@ pub fn run(args: &KvArgs, spec: &ServerSpec) -> anyhow::Result<()> {
             format_size(ssd.store_limit),
             if ssd.encrypt { "" } else { " --ssd-no-encrypt" }
         );
+        if let Some(n) = ssd.read_ahead {
+            eprintln!("zmem: zmem-ssd: --ssd-read-ahead {n}");
+        }
     }
     crate::abort::install_abort_handler();
     // Orphans of a server that forks (zmem run's child) become ours, so that they are reaped.
@@ -500,6 +503,9 @@ pub(super) fn read_zmem_stats(path: &Path) -> Result<serde_json::Value, String> 
         "fault_latency_ns": u("/zmem/region/fault_latency"),
         "handler_time": u("/zmem/region/handler_time"),
         "ssd": find_ssd(&v).cloned(),
+        // Pages read back from the log, and of them those read ahead by an earlier read.
+        "ssd_page_reads": u("/zmem/region/store/lower_reads"),
+        "ssd_read_ahead_hits": u("/zmem/region/store/lower_ahead_hits"),
     }))
 }
 
@@ -536,6 +542,9 @@ pub(super) fn server_command(
             ]);
             if !ssd.encrypt {
                 cmd.push("--ssd-no-encrypt".into());
+            }
+            if let Some(n) = ssd.read_ahead {
+                cmd.extend(["--ssd-read-ahead".into(), n.to_string()]);
             }
         }
         if let Some(p) = &plan.zmem_policy {

@@ -75,6 +75,9 @@ pub(super) fn missing_run_flags(help: &str, plan: &Plan, c: KvConfig) -> Vec<&'s
         if plan.ssd.as_ref().is_some_and(|s| !s.encrypt) {
             needed.push("--ssd-no-encrypt");
         }
+        if plan.ssd.as_ref().is_some_and(|s| s.read_ahead.is_some()) {
+            needed.push("--ssd-read-ahead");
+        }
     }
     needed.retain(|f| !words.contains(f));
     needed
