@@ -184,9 +184,10 @@ pub struct RegionArgs {
     /// default: those read back from an SSD log, none here) or all (RegionConfig::clean_copies).
     #[arg(long, default_value = "ssd", value_parser = ["off", "ssd", "all"])]
     pub clean_copies: String,
-    /// zmem region: who serves a fault: `handler` (a handler thread, the default) or
-    /// `signal` (the faulting thread, from SIGBUS: no hand-off; RegionConfig::fault_route).
-    #[arg(long, default_value = "handler", value_parser = ["handler", "signal"])]
+    /// zmem region: who serves a fault: `handler` (a handler thread) or `signal` (the
+    /// faulting thread, from SIGBUS: no hand-off; RegionConfig::fault_route); `auto` (the
+    /// default) picks what `zmem run` picks: signal with CAP_SYS_ADMIN (root), else handler.
+    #[arg(long, default_value = "auto", value_parser = crate::RUN_FAULT_ROUTES)]
     pub fault_route: String,
     /// JSON output.
     #[arg(long, default_value = "bench-out/region.json")]

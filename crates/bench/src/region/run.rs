@@ -38,7 +38,8 @@ pub fn run_zmem(
     cfg.colocate = !args.no_colocate;
     cfg.async_settle = !args.no_async_settle;
     cfg.clean_copies = zmem_region::CleanCopies::parse(&args.clean_copies).unwrap_or_default();
-    cfg.fault_route = zmem_region::FaultRoute::parse(&args.fault_route).unwrap_or_default();
+    let route = resolve_fault_route(&args.fault_route);
+    cfg.fault_route = zmem_region::FaultRoute::parse(route).unwrap_or_default();
     let (fault_around, handler_threads) = (cfg.fault_around, cfg.handler_threads);
     let mut driver = Driver::new(w, corpus, &label, FaultCounter::Any);
     let region = Region::new(cfg).with_context(|| {
@@ -82,7 +83,7 @@ pub fn run_zmem(
         "colocate": !args.no_colocate,
         "async_settle": !args.no_async_settle,
         "clean_copies": args.clean_copies,
-        "fault_route": args.fault_route,
+        "fault_route": route,
         "clean_evictions": d(s1.clean_evictions, s0.clean_evictions),
         "colocations": d(s1.colocations, s0.colocations),
         "budget": s1.budget,
@@ -209,4 +210,14 @@ pub(super) fn eviction_comparison(results: &[SideResult]) -> Option<EvictionComp
         c.faults_per_access,
         f.faults_per_access,
     ))
+}
+
+/// `auto` as `zmem run` resolves it (signal with CAP_SYS_ADMIN, else handler); the others as
+/// given.
+pub(crate) fn resolve_fault_route(route: &str) -> &str {
+    match route {
+        "auto" if zmem_os::caps::effective(zmem_os::caps::SYS_ADMIN) => "signal",
+        "auto" => "handler",
+        r => r,
+    }
 }
