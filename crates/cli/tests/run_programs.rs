@@ -949,7 +949,10 @@ fn a_walk_over_the_ssd_tier_is_read_ahead() {
         if read_ahead == "1" {
             assert_eq!(hits, 0, "{store}");
         } else {
-            assert!(hits > reads / 2, "{hits} of {reads} pages read ahead: {store}");
+            assert!(
+                hits > reads / 2,
+                "{hits} of {reads} pages read ahead: {store}"
+            );
         }
         assert_eq!(num(store, "lower_errors"), 0, "{store}");
     }

@@ -504,8 +504,8 @@ impl Inner {
             let mut near = [(0u64, Location(0), 0usize); zmem_tier::MAX_NEAR];
             let mut n_near = 0;
             if let Some(ahead) = lower.ahead.as_ref() {
-                let mut a = ahead.lock();
-                let fetched = a.take(index, loc, &mut buf);
+                // Opened (decrypted) without the lock: other threads' faults need it.
+                let fetched = ahead.lock().take(index, loc, &mut buf);
                 if let Some((generation, l)) = fetched {
                     if l == len
                         && lower.log.open_fetched(
@@ -517,12 +517,12 @@ impl Inner {
                             &mut buf[..len + overhead],
                         )
                     {
-                        a.window.hit();
-                        drop(a);
+                        ahead.lock().window.hit();
                         c.lower_ahead_hits.fetch_add(1, Ordering::Relaxed);
                         return self.decode_fetched(index, &buf[..len], out);
                     }
                 }
+                let mut a = ahead.lock();
                 let (pages, side) = a.window.pages(index);
                 n_near = self.neighbours_on_log(&a, index, loc, pages, side, &mut near);
             }
@@ -555,9 +555,9 @@ impl Inner {
 
     /// The pages to read along with LOWER page `index` at `loc`, as many as the window says:
     /// the nearest pages on the window's side(s) that are LOWER in the same segment and not
-    /// read ahead already (the log leaves out those that are not near enough). A racy look at each slot:
-    /// the log checks that an object of that length lives there, and an object read ahead is
-    /// used only for the page and location it was read for.
+    /// read ahead already (the log leaves out those that are not near enough). A racy look
+    /// at each slot: the log checks that an object of that length lives there, and an object
+    /// read ahead is used only for the page and location it was read for.
     fn neighbours_on_log(
         &self,
         a: &Ahead,
