@@ -489,11 +489,10 @@ impl Log {
     /// of `near` (page index, location, payload length) that are live objects of the same
     /// segment, as far as the read stays within `max_span` bytes; each of those is handed to
     /// `keep` as it was read, still sealed, to be opened by [`Log::open_fetched`] if its page
-    /// is read later. Objects
-    /// of `near` past the first [`MAX_NEAR`], in another segment, not live or of another
-    /// length are left out. Returns how many went to `keep`. This is the kernel's swap
-    /// read-ahead for the log: objects written together (pages evicted together) are read
-    /// together, for about the cost of one read.
+    /// is read later. Objects of `near` past the first [`MAX_NEAR`], in another segment, not
+    /// live or of another length are left out. Returns how many went to `keep`. This is the
+    /// kernel's swap read-ahead for the log: objects written together are read together, for
+    /// about the cost of one read.
     #[allow(clippy::too_many_arguments)]
     pub fn read_around(
         &self,
