@@ -11,8 +11,10 @@
 //! The crate root holds the types every part shares (the page table, the store's inner state,
 //! construction and teardown) and the small operations; each role has its own module:
 //! `config` (settings, errors), `stats` (counters), `pending` (asynchronous-write
-//! machinery), `write`, `read`, `blocks` (multi-page blocks and their repacking) and
-//! `recompress` (idle recompression).
+//! machinery), `write`, `read`, `blocks` (multi-page blocks and their repacking),
+//! `recompress` (idle recompression), `entropy` (a second try for pages the codec could not
+//! shrink), `lower` (the SSD log below the pool: writeback, reads back) and `ahead` (objects
+//! read from the log ahead of their faults).
 
 mod ahead;
 mod blocks;
