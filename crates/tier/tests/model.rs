@@ -1,7 +1,8 @@
 //! Random writes, discards, reads and collections against a model (the test owner's map of
 //! page -> location and bytes, kept up to date by the collector's relocations): every live
 //! page reads back exactly, the log's books match the model, and once everything is freed all
-//! space comes back.
+//! space comes back. Reads with read-ahead keep what they bring along, and opening one of those
+//! later succeeds only while it is still the page's object at that place, with its bytes.
 
 mod common;
 
@@ -17,6 +18,10 @@ enum Op {
     Write(Vec<(u64, usize)>),
     Discard(u64),
     Read(u64),
+    /// A read of the page with every other page of the model offered along, within a span.
+    ReadAround(u64, usize),
+    /// Opens an object kept from read-aheads (mostly one of the latest 8, by n).
+    OpenFetched(usize),
     Collect(usize),
 }
 
@@ -25,6 +30,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => prop::collection::vec((0u64..48, 0usize..6000), 1..24).prop_map(Op::Write),
         3 => (0u64..48).prop_map(Op::Discard),
         3 => (0u64..48).prop_map(Op::Read),
+        2 => (0u64..48, 0usize..(96 << 10)).prop_map(|(i, s)| Op::ReadAround(i, s)),
+        2 => (0usize..1000).prop_map(Op::OpenFetched),
         1 => (1usize..6).prop_map(Op::Collect),
     ]
 }
@@ -33,6 +40,8 @@ fn check(ops: Vec<Op>, encrypt: bool) -> u64 {
     let (log, _io) = mem_log(24, encrypt);
     let c = Client::new(&log);
     let mut version = 0u64;
+    // Objects read along: (page, location, generation, sealed bytes, payload length).
+    let mut fetched: Vec<(u64, zmem_tier::Location, u64, Vec<u8>, usize)> = Vec::new();
     for op in ops {
         match op {
             Op::Write(list) => {
@@ -58,6 +67,39 @@ fn check(ops: Vec<Op>, encrypt: bool) -> u64 {
                 let want = c.model.pages.lock().get(&i).map(|p| p.bytes.clone());
                 if let Some(want) = want {
                     assert_eq!(c.read(i).unwrap(), want, "page {i}");
+                }
+            }
+            Op::ReadAround(i, span) => {
+                let m = c.model.pages.lock();
+                if let Some(p) = m.get(&i) {
+                    let near: Vec<_> = m
+                        .iter()
+                        .filter(|(j, _)| **j != i)
+                        .map(|(j, q)| (*j, q.loc, q.bytes.len()))
+                        .collect();
+                    let mut out = vec![0u8; p.bytes.len()];
+                    let n = log
+                        .read_around(c.id, i, p.loc, &mut out, &near, span, &mut |f| {
+                            let len = f.sealed.len() - log.seal_overhead();
+                            fetched.push((f.index, f.loc, f.generation, f.sealed.to_vec(), len));
+                        })
+                        .unwrap();
+                    assert_eq!(out, p.bytes, "page {i}");
+                    assert!(n <= zmem_tier::MAX_NEAR);
+                }
+            }
+            Op::OpenFetched(k) => {
+                if !fetched.is_empty() {
+                    // Mostly one of the latest: older ones are mostly stale by now.
+                    let recent = fetched.len().min(if k % 4 == 0 { usize::MAX } else { 8 });
+                    let at = fetched.len() - 1 - k % recent;
+                    let (i, loc, generation, mut sealed, len) = fetched.swap_remove(at);
+                    let m = c.model.pages.lock();
+                    if log.open_fetched(c.id, i, loc, generation, len, &mut sealed) {
+                        let p = m.get(&i).expect("opened: the page is live");
+                        assert_eq!(p.loc, loc, "opened: page {i} is still there");
+                        assert_eq!(&sealed[..len], &p.bytes[..], "opened: page {i}'s bytes");
+                    }
                 }
             }
             Op::Collect(n) => {
@@ -101,7 +143,11 @@ fn a_long_random_run_collects_and_matches_the_model() {
                     .collect(),
             ),
             4..=6 => Op::Discard(r.random_range(0..48)),
-            7..=9 => Op::Read(r.random_range(0..48)),
+            7..=8 => Op::Read(r.random_range(0..48)),
+            9 => match r.random_range(0..2) {
+                0 => Op::ReadAround(r.random_range(0..48), r.random_range(0..96 << 10)),
+                _ => Op::OpenFetched(r.random_range(0..1000)),
+            },
             _ => Op::Collect(r.random_range(1..6)),
         })
         .collect();
