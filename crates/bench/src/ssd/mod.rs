@@ -243,6 +243,11 @@ pub struct SsdArgs {
     /// zmem's --resident out of --dram; the rest is its --store-limit [default: half].
     #[arg(long, value_parser = parse_size)]
     pub resident: Option<u64>,
+    /// zmem's --store-limit [default: --dram minus --resident]. Smaller than that, it leaves
+    /// room in --dram for zmem's own tables (about 45 bytes per page of the array, which
+    /// --resident and --store-limit do not count), to compare at equal DRAM.
+    #[arg(long, value_parser = parse_size)]
+    pub store_limit: Option<u64>,
     /// Timed random operations per object run [default: 100000; --quick: 30000].
     #[arg(long)]
     pub ops: Option<u64>,
@@ -372,6 +377,15 @@ impl Plan {
             format_size(min),
             format_size(dram)
         );
+        let store_limit = a.store_limit.unwrap_or(dram - resident);
+        anyhow::ensure!(
+            store_limit >= min && resident + store_limit <= dram,
+            "--store-limit {} must be at least {} and fit in --dram {} beside --resident {}",
+            format_size(store_limit),
+            format_size(min),
+            format_size(dram),
+            format_size(resident)
+        );
         anyhow::ensure!(
             array > dram,
             "--array {} is not larger than --dram {}: nothing would leave DRAM",
@@ -415,7 +429,7 @@ impl Plan {
             array,
             dram,
             resident,
-            store_limit: dram - resident,
+            store_limit,
             ops,
             bloom_keys,
             content: a.content,
@@ -554,6 +568,9 @@ mod tests {
         let r = plan(&["--resident", "48M", "--workloads", "bloom"]).unwrap();
         assert_eq!((r.resident, r.store_limit), (48 << 20, 16 << 20));
         assert_eq!(r.cases().len(), 1);
+        // Room left in --dram for zmem's own tables.
+        let e = plan(&["--resident", "16M", "--store-limit", "16M"]).unwrap();
+        assert_eq!((e.dram, e.resident, e.store_limit), (64 << 20, 16 << 20, 16 << 20));
     }
 
     #[test]
@@ -563,6 +580,8 @@ mod tests {
         assert!(err(&["--object-size", "2M"]).contains("not a multiple of 64"));
         assert!(err(&["--array", "32M"]).contains("not larger than --dram"));
         assert!(err(&["--resident", "64M"]).contains("--resident"));
+        assert!(err(&["--store-limit", "48M"]).contains("--store-limit"));
+        assert!(err(&["--store-limit", "0"]).contains("--store-limit"));
         assert!(err(&["--dram", "64k"]).contains("--dram"));
         assert!(err(&["--ops", "0"]).contains("--ops"));
         assert!(err(&["--disk-size", "1G"]).contains("--disk-size"));
