@@ -570,7 +570,10 @@ mod tests {
         assert_eq!(r.cases().len(), 1);
         // Room left in --dram for zmem's own tables.
         let e = plan(&["--resident", "16M", "--store-limit", "16M"]).unwrap();
-        assert_eq!((e.dram, e.resident, e.store_limit), (64 << 20, 16 << 20, 16 << 20));
+        assert_eq!(
+            (e.dram, e.resident, e.store_limit),
+            (64 << 20, 16 << 20, 16 << 20)
+        );
     }
 
     #[test]
