@@ -476,13 +476,8 @@ impl Log {
         loc: Location,
         out: &mut [u8],
     ) -> Result<(), TierError> {
-        match self.read_object(owner, index, loc, out) {
-            Ok(()) => Ok(()),
-            Err(fail) => {
-                out.fill(0);
-                Err(self.failed(loc, fail))
-            }
-        }
+        self.read_around(owner, index, loc, out, &[], 0, &mut |_| {})
+            .map(|_| ())
     }
 
     /// Reads the object at `loc` like [`Log::read`] and, in the same device read, the objects
@@ -587,17 +582,6 @@ impl Log {
             ));
         }
         Ok(e)
-    }
-
-    fn read_object(
-        &self,
-        owner: OwnerId,
-        index: u64,
-        loc: Location,
-        out: &mut [u8],
-    ) -> Result<(), Fail> {
-        self.read_object_around(owner, index, loc, out, &[], 0, &mut |_| {})
-            .map(|_| ())
     }
 
     #[allow(clippy::too_many_arguments)]
