@@ -10,6 +10,7 @@ pub mod caps;
 pub mod errno;
 pub mod extents;
 pub mod fds;
+pub mod idle;
 pub mod mapping;
 pub mod remote;
 pub mod spin;

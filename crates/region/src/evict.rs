@@ -880,11 +880,7 @@ impl Shared {
         let mut last_reap = Instant::now();
         let mut last_retry = Instant::now();
         let mut last_trickle = Instant::now();
-        let mut idle_cpu = crate::idle::IdleCpu::new();
-        // SAFETY: sysconf has no preconditions. (Not this thread's affinity: colocation
-        // changes it.)
-        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1);
-        let idle_enough = 0.5 / cpus as f32;
+        let mut idle_cpu = zmem_os::idle::IdleCpu::new();
         if self.async_settle {
             self.colocation.register_off();
         } else {
@@ -937,7 +933,7 @@ impl Shared {
             self.evict_children();
             // The store's entropy tries left for later: a slice while faults are quiet and
             // half a CPU is idle, else a trickle (a zstd compression each, ~15 us a page).
-            let tried = if quiet && idle_cpu.share() >= idle_enough {
+            let tried = if quiet && idle_cpu.half_a_cpu_idle() {
                 self.root.store.entropy_pass(ENTROPY_QUIET_PAGES)
             } else if last_trickle.elapsed() >= ENTROPY_TRICKLE_EVERY {
                 last_trickle = Instant::now();

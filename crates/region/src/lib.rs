@@ -25,7 +25,6 @@ mod fault;
 mod fork;
 mod forked;
 pub mod guard;
-mod idle;
 mod manager;
 pub mod policy;
 mod signal;

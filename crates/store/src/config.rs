@@ -87,7 +87,13 @@ pub struct StoreConfig {
     /// (the `entropy` module). The owner must call that pass on idle CPU. Off: the try is made
     /// at once, on the writing thread.
     pub entropy_later: bool,
+    /// With a cold codec and `recompress_interval`: pages recompressed together as one group
+    /// block by the cold pass (`StoreCore::cold_pass`), 1..=16; 1 recompresses each page alone.
+    pub cold_group: usize,
 }
+
+/// Pages per group block of the cold pass (see `StoreConfig::cold_group`).
+pub const DEFAULT_COLD_GROUP: usize = 1;
 
 impl StoreConfig {
     pub fn new(pages: u64, policy: Policy) -> StoreConfig {
@@ -101,6 +107,7 @@ impl StoreConfig {
             recompress_interval: None,
             lower: None,
             entropy_later: false,
+            cold_group: DEFAULT_COLD_GROUP,
         }
     }
 }

@@ -18,6 +18,7 @@
 
 mod ahead;
 mod blocks;
+mod cold;
 mod config;
 mod entropy;
 mod lower;
@@ -39,7 +40,8 @@ use zmem_codec::{Dictionary, PAGE_SIZE};
 use zmem_engine::{Engine, Policy};
 use zmem_pool::{Handle, Pool, PoolConfig};
 
-pub use config::{StoreConfig, StoreError};
+pub use cold::{ColdPressure, COLD_AFTER_MS};
+pub use config::{StoreConfig, StoreError, DEFAULT_COLD_GROUP};
 pub use entropy::LATER_AFTER_MS;
 pub use lower::{LowerConfig, WritebackStats, DEFAULT_READ_AHEAD, MAX_READ_AHEAD};
 pub use stats::{RecompressStats, StoreStats};
@@ -83,6 +85,8 @@ struct Inner {
     lower: Option<Lower>,
     /// Pages stored raw whose entropy-coder try is left for later (`entropy_later`).
     later: Option<entropy::Later>,
+    /// Single-page objects in store order, for the cold codec (`cold`).
+    cold: Option<cold::ColdQueue>,
 }
 
 /// The page store. See the crate docs. Its operations are those of [`StoreCore`], which it
@@ -166,6 +170,7 @@ impl PageStore {
         let engine = Engine::new(cfg.engine.clone())?;
         // Zeroed, not written: untouched pages cost no DRAM.
         let slots = Slot::table(cfg.pages as usize);
+        let cold = cold_queue(&cfg)?;
         // The log's collector reaches the store through a weak reference (it repoints pages).
         let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| Inner {
             slots,
@@ -186,6 +191,7 @@ impl PageStore {
             later: (cfg.entropy_later
                 && !matches!(cfg.policy.write_codec(), zmem_codec::Codec::Zstd { .. }))
             .then(entropy::Later::new),
+            cold,
         });
         let core = Arc::new(StoreCore {
             inner,
@@ -208,6 +214,27 @@ impl PageStore {
         }
         Ok(store)
     }
+}
+
+/// The cold pass's queue, where the policy has a cold codec and the store recompresses
+/// (`recompress_interval`). Over an SSD tier pages are recompressed one by one: the writeback
+/// takes single objects only.
+fn cold_queue(cfg: &StoreConfig) -> Result<Option<cold::ColdQueue>, StoreError> {
+    if !(1..=MAX_BLOCK_PAGES).contains(&cfg.cold_group) {
+        return Err(StoreError::Config(format!(
+            "cold_group {} is not in 1..={MAX_BLOCK_PAGES}",
+            cfg.cold_group
+        )));
+    }
+    let (Some(_), Some(codec)) = (cfg.recompress_interval, cfg.policy.cold_codec()) else {
+        return Ok(None);
+    };
+    let group = if cfg.lower.is_some() {
+        1
+    } else {
+        cfg.cold_group
+    };
+    Ok(Some(cold::ColdQueue::new(codec, group)))
 }
 
 impl Drop for PageStore {
@@ -323,6 +350,8 @@ impl StoreCore {
             discards: c.discards.load(Ordering::Relaxed),
             decompress_nanos: c.decompress_nanos.load(Ordering::Relaxed),
             recompressed_pages: c.recompressed.load(Ordering::Relaxed),
+            cold_bytes_before: c.cold_bytes_before.load(Ordering::Relaxed),
+            cold_bytes_after: c.cold_bytes_after.load(Ordering::Relaxed),
             repacked_pages: c.repacked.load(Ordering::Relaxed),
             entropy_tries: c.entropy_tries.load(Ordering::Relaxed),
             entropy_wins: c.entropy_wins.load(Ordering::Relaxed),
@@ -452,6 +481,8 @@ impl Inner {
     }
 }
 
+#[cfg(test)]
+mod cold_tests;
 #[cfg(test)]
 mod lower_tests;
 #[cfg(test)]

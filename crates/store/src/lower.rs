@@ -446,8 +446,14 @@ impl StoreCore {
 }
 
 impl Inner {
-    /// A single-page object was installed for page `index`: queue it for writeback.
+    /// A single-page object was installed for page `index`: list it for the cold pass (unless
+    /// it is in the cold codec already) and queue it for writeback.
     pub(crate) fn note_object(&self, index: u64, handle: u64) {
+        if let Some(cold) = self.cold.as_ref() {
+            if self.slots[index as usize].peek().codec() != cold.codec.id() as u8 {
+                cold.push(index);
+            }
+        }
         let Some(lower) = self.lower.as_ref() else {
             return;
         };

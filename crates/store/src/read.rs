@@ -39,10 +39,14 @@ impl StoreCore {
             // (Locks are taken in ascending index order, as everywhere in the store.)
             let mut held: Option<(usize, State, u64)> = None;
             let mut result = Ok(());
+            let cold_id = inner.cold.as_ref().map(|c| c.codec.id() as u8);
             for i in 0..n as usize {
                 let index = start + i as u64;
                 let slot = &inner.slots[index as usize];
                 let (st, aux) = slot.lock();
+                if matches!(st.kind(), OBJECT | BLOCK) && Some(st.codec()) == cold_id {
+                    inner.counters.cold_reads.fetch_add(1, Ordering::Relaxed);
+                }
                 let out = &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
                 let mut keep = false;
                 let res = match st.kind() {

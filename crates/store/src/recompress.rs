@@ -15,12 +15,27 @@ use zmem_pool::Handle;
 use crate::slot::{State, BLOCK, EMPTY, HUGE, IDLE, OBJECT};
 use crate::{RecompressStats, StoreCore, StoreError, MAX_BLOCK_PAGES};
 
+/// Pages the cold pass looks at per slice, and the nap after a full slice: a slice of 256
+/// pages takes ~6 ms here (lz4 decode and zstd-1, ~22 us a page), so at most ~75% of a CPU,
+/// about the pace at which a loading program evicts on this machine.
+const COLD_SLICE: usize = 256;
+const COLD_NAP: Duration = Duration::from_millis(2);
+/// While the machine is busy, this many pages per `COLD_TRICKLE_EVERY` (~2% of a CPU).
+const COLD_TRICKLE: usize = 16;
+const COLD_TRICKLE_EVERY: Duration = Duration::from_millis(20);
+
+/// How often the recompressor looks at what its recompressions became (`ColdGate`).
+const REFAULT_LOOK_EVERY: Duration = Duration::from_millis(500);
+
 /// A pass that recompressed pages compacts the pool when it holds this much more DRAM than
 /// its objects' bytes.
 const COMPACT_ABOVE: f64 = 1.05;
 
 impl StoreCore {
-    /// Every `every`, recompresses the pages that stayed idle since the previous pass.
+    /// Every `every`, recompresses the pages that stayed idle since the previous pass (not
+    /// while stored pages are coming back and the pool is not pressed); in between, makes the cold pass (`cold`) while the pool is half full
+    /// ([`ColdPressure`](crate::ColdPressure)), or while half a CPU is idle and stored pages
+    /// are not coming back (`ColdGate`), and a trickle of it when only the CPU is busy.
     pub(crate) fn spawn_recompressor(
         core: Arc<StoreCore>,
         codec: zmem_codec::Codec,
@@ -30,13 +45,44 @@ impl StoreCore {
         let flag = stop.clone();
         let h = zmem_os::thread::spawn("zmem-recompress".into(), move || {
             let mut last = Instant::now();
+            let mut last_trickle = Instant::now();
+            let mut idle_cpu = zmem_os::idle::IdleCpu::new();
+            let mut gate = crate::cold::ColdGate::default();
+            let mut refaulting = false;
+            let mut last_look = Instant::now();
             core.mark_idle();
             while !flag.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(20).min(every));
+                if last_look.elapsed() >= REFAULT_LOOK_EVERY {
+                    last_look = Instant::now();
+                    let (reads, done) = core.cold_traffic();
+                    refaulting = !gate.look(reads, done);
+                }
+                let pressed = core.cold_pressure() != crate::ColdPressure::None;
+                let busy = if pressed || (!refaulting && idle_cpu.half_a_cpu_idle()) {
+                    core.cold_pass(COLD_SLICE) == COLD_SLICE
+                } else {
+                    if !refaulting && last_trickle.elapsed() >= COLD_TRICKLE_EVERY {
+                        last_trickle = Instant::now();
+                        core.cold_pass(COLD_TRICKLE);
+                    }
+                    false
+                };
+                let nap = if busy {
+                    COLD_NAP
+                } else {
+                    Duration::from_millis(20)
+                };
+                std::thread::sleep(nap.min(every));
                 if last.elapsed() >= every {
-                    let s = core.recompress(codec, true);
-                    tracing::debug!(?s, "idle recompression pass");
+                    // Pages that stayed out one interval come back too while the store is
+                    // refaulting (the gate's reason holds for this pass as well).
+                    if !refaulting || pressed {
+                        let s = core.recompress(codec, true);
+                        tracing::debug!(?s, "idle recompression pass");
+                    }
                     core.mark_idle();
+                    // The cold pass's recompressions leave spans part empty too.
+                    core.compact_if_loose();
                     last = Instant::now();
                 }
             }
@@ -92,13 +138,18 @@ impl StoreCore {
         // Every page recompressed freed an object in a span of the old codec's size classes:
         // passes leave spans part empty, and the pool holds DRAM its objects do not need
         // (`bench region --pattern zipf --policy auto`: ratio 1.66 without this, 1.72-1.83 with).
-        let pool = &self.inner.pool;
-        if stats.pages_recompressed > 0
-            && pool.mem_used() as f64 > COMPACT_ABOVE * pool.stats().object_bytes as f64
-        {
-            pool.compact();
+        if stats.pages_recompressed > 0 {
+            self.compact_if_loose();
         }
         stats
+    }
+
+    /// Compacts the pool if it holds [`COMPACT_ABOVE`] times its objects' bytes or more.
+    pub(crate) fn compact_if_loose(&self) {
+        let pool = &self.inner.pool;
+        if pool.mem_used() as f64 > COMPACT_ABOVE * pool.stats().object_bytes as f64 {
+            pool.compact();
+        }
     }
 
     fn recompress_block(

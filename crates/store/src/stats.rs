@@ -35,6 +35,11 @@ pub struct StoreStats {
     /// Nanoseconds spent decoding on reads.
     pub decompress_nanos: u64,
     pub recompressed_pages: u64,
+    /// Of the pages the cold pass recompressed, their compressed bytes before and after.
+    #[serde(default)]
+    pub cold_bytes_before: u64,
+    #[serde(default)]
+    pub cold_bytes_after: u64,
     /// Pages moved out of sparse group blocks into new blocks
     /// ([`StoreCore::repack_groups`](crate::StoreCore::repack_groups)).
     pub repacked_pages: u64,
@@ -99,6 +104,10 @@ pub(crate) struct Counters {
     pub(crate) discards: AtomicU64,
     pub(crate) decompress_nanos: AtomicU64,
     pub(crate) recompressed: AtomicU64,
+    /// Reads of pages stored in the cold codec (`cold::ColdGate`).
+    pub(crate) cold_reads: AtomicU64,
+    pub(crate) cold_bytes_before: AtomicU64,
+    pub(crate) cold_bytes_after: AtomicU64,
     pub(crate) repacked: AtomicU64,
     pub(crate) entropy_tries: AtomicU64,
     pub(crate) entropy_wins: AtomicU64,

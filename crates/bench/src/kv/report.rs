@@ -62,6 +62,13 @@ pub struct GetFaults {
     pub staged_faults: u64,
     /// Per handled fault, and eviction per page (see `bench region`).
     pub breakdown: Option<FaultBreakdown>,
+    /// After the phase: the bytes of pages in zmem's store, of their compressed objects, the
+    /// DRAM its pool holds, and the
+    /// pages recompressed so far (policy `auto`): what the density comes from.
+    pub stored_bytes: u64,
+    pub compressed_bytes: u64,
+    pub pool_bytes: u64,
+    pub recompressed_pages: u64,
 }
 
 impl GetFaults {
@@ -73,6 +80,10 @@ impl GetFaults {
             fault_around_pages: b.fault_around_pages.saturating_sub(a.fault_around_pages),
             staged_faults: b.staged_faults.saturating_sub(a.staged_faults),
             breakdown: FaultBreakdown::new(&a.handler_time, &b.handler_time, None),
+            stored_bytes: b.store.orig_data_size,
+            compressed_bytes: b.store.compr_data_size,
+            pool_bytes: b.store.mem_used_total,
+            recompressed_pages: b.store.recompressed_pages,
         }
     }
 }
@@ -94,6 +105,10 @@ pub fn fault_table(results: &[ConfigResult]) -> String {
         "clean",
         "around",
         "staged",
+        "stored MiB",
+        "compressed",
+        "pool MiB",
+        "recompressed",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -118,6 +133,10 @@ pub fn fault_table(results: &[ConfigResult]) -> String {
                 g.clean_evictions.to_string(),
                 g.fault_around_pages.to_string(),
                 g.staged_faults.to_string(),
+                format_mib(g.stored_bytes),
+                format_mib(g.compressed_bytes),
+                format_mib(g.pool_bytes),
+                g.recompressed_pages.to_string(),
             ])
         })
         .collect();

@@ -1,6 +1,6 @@
 //! Whether the machine has idle CPU: the share of CPU time idle since the last look, from the
 //! first line of /proc/stat. Background work that only saves memory (the store's deferred
-//! entropy tries) runs only when it would take no CPU from the program: a program that
+//! entropy tries, the cold pass) runs only when it would take no CPU from the program: a program that
 //! computes on every CPU between its faults (GNU sort's threads) would otherwise lose the time.
 
 use std::io::Read;
@@ -10,26 +10,38 @@ use std::time::{Duration, Instant};
 const EVERY: Duration = Duration::from_millis(100);
 
 /// The machine's idle share of CPU time between looks.
-pub(crate) struct IdleCpu {
+pub struct IdleCpu {
     last: Option<(u64, u64)>,
     at: Option<Instant>,
     share: f32,
+    /// Half a CPU, as a share of all of them.
+    half_a_cpu: f32,
 }
 
 impl IdleCpu {
-    pub(crate) fn new() -> IdleCpu {
+    pub fn new() -> IdleCpu {
+        // SAFETY: sysconf has no preconditions. (Not this thread's affinity: colocation
+        // changes the evictor's.)
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1);
         IdleCpu {
             last: None,
             at: None,
             share: 0.0,
+            half_a_cpu: 0.5 / cpus as f32,
         }
+    }
+
+    /// Whether at least half a CPU was idle over the last period: background work that only
+    /// saves memory may run.
+    pub fn half_a_cpu_idle(&mut self) -> bool {
+        self.share() >= self.half_a_cpu
     }
 
     /// The share (0..=1) of all CPUs' time spent idle over the last period of at least
     /// `EVERY`; 0 until two looks were made, and when /proc/stat cannot be read (then
     /// background work waits for a quiet machine it cannot see, which costs memory, never
     /// time).
-    pub(crate) fn share(&mut self) -> f32 {
+    pub fn share(&mut self) -> f32 {
         if self.at.is_some_and(|t| t.elapsed() < EVERY) {
             return self.share;
         }
@@ -40,6 +52,12 @@ impl IdleCpu {
         }
         self.last = now;
         self.share
+    }
+}
+
+impl Default for IdleCpu {
+    fn default() -> IdleCpu {
+        IdleCpu::new()
     }
 }
 

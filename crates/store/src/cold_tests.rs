@@ -1,0 +1,173 @@
+//! The cold pass (`cold`): pages recompressed in store order, against a model of their
+//! contents, with pages rewritten, discarded and read back between their listing and the pass.
+
+use std::time::Duration;
+
+use zmem_codec::{CodecId, PAGE_SIZE};
+use zmem_engine::Policy;
+
+use crate::slot::{BLOCK, OBJECT};
+use crate::{PageStore, StoreConfig};
+
+/// Text that lz4 shrinks and zstd shrinks further, distinct per seed.
+fn text(seed: u64) -> Vec<u8> {
+    let words = [
+        "cold ", "page ", "store ", "zstd ", "lz4\n", "block ", "queue ",
+    ];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = format!("seed {seed} ").into_bytes();
+    while v.len() < PAGE_SIZE {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(words[(x % 7) as usize].as_bytes());
+    }
+    v.truncate(PAGE_SIZE);
+    v
+}
+
+/// An `auto` store whose recompressor thread waits an hour between idle passes (its cold
+/// pass may still run beside the test's: both are checked by the same model).
+fn auto_store(pages: u64, group: usize) -> PageStore {
+    let mut cfg = StoreConfig::new(pages, Policy::Auto);
+    cfg.recompress_interval = Some(Duration::from_secs(3600));
+    cfg.cold_group = group;
+    PageStore::new(cfg).unwrap()
+}
+
+fn check(s: &PageStore, model: &[Option<Vec<u8>>]) {
+    let mut b = vec![0u8; PAGE_SIZE];
+    for (i, want) in model.iter().enumerate() {
+        s.read(i as u64, &mut b).unwrap();
+        match want {
+            Some(w) => assert!(b == *w, "page {i} differs from the model"),
+            None => assert!(b.iter().all(|&x| x == 0), "discarded page {i} is not zeros"),
+        }
+    }
+}
+
+fn run(group: usize) {
+    let pages = 256u64;
+    let s = auto_store(pages, group);
+    let mut model: Vec<Option<Vec<u8>>> = (0..pages).map(|i| Some(text(i))).collect();
+    for (i, p) in model.iter().enumerate() {
+        s.write(i as u64, p.as_ref().unwrap()).unwrap();
+    }
+    let before = s.stats().compr_data_size;
+    assert_eq!(s.cold_waiting(), pages as usize);
+    // Between listing and pass: rewrites (listed again), discards, reads.
+    for i in (0..pages).step_by(7) {
+        let p = text(1000 + i);
+        s.write(i, &p).unwrap();
+        model[i as usize] = Some(p);
+    }
+    for i in (3..pages).step_by(11) {
+        s.discard(i).unwrap();
+        model[i as usize] = None;
+    }
+    check(&s, &model);
+    while s.cold_pass_with(64, true) > 0 {}
+    check(&s, &model);
+    let st = s.stats();
+    assert!(
+        st.compr_data_size * 10 < before * 9,
+        "the cold codec saved under 10%: {} -> {}",
+        before,
+        st.compr_data_size
+    );
+    // Every page still stored is in the cold codec now, alone or in a group block.
+    let kept = model.iter().filter(|m| m.is_some()).count();
+    let mut cold = 0;
+    let mut in_blocks = 0;
+    for (i, m) in model.iter().enumerate() {
+        let st = s.inner.slots[i].peek();
+        if m.is_some() && st.codec() == CodecId::Zstd as u8 {
+            cold += 1;
+            assert!(matches!(st.kind(), OBJECT | BLOCK));
+            in_blocks += usize::from(st.kind() == BLOCK);
+        }
+    }
+    assert_eq!(cold, kept, "pages left in the write codec");
+    if group == 1 {
+        assert_eq!(in_blocks, 0);
+    } else {
+        assert!(
+            in_blocks > kept / 2,
+            "{in_blocks} of {kept} pages in blocks"
+        );
+        // A member rewritten or discarded leaves the others of its block intact.
+        for i in (1..pages).step_by(5) {
+            let p = text(5000 + i);
+            s.write(i, &p).unwrap();
+            model[i as usize] = Some(p);
+        }
+        for i in (2..pages).step_by(9) {
+            s.discard(i).unwrap();
+            model[i as usize] = None;
+        }
+        check(&s, &model);
+    }
+    // Nothing is left to do: a second pass changes nothing.
+    let done = s.stats().recompressed_pages;
+    while s.cold_pass_with(64, true) > 0 {}
+    check(&s, &model);
+    if group == 1 {
+        assert_eq!(s.stats().recompressed_pages, done);
+    }
+}
+
+#[test]
+fn the_cold_pass_recompresses_pages_alone() {
+    run(1);
+}
+
+#[test]
+fn the_cold_pass_recompresses_pages_in_groups() {
+    run(4);
+    run(16);
+}
+
+#[test]
+fn pages_are_not_taken_before_they_have_stayed() {
+    let s = auto_store(32, 1);
+    for i in 0..32 {
+        s.write(i, &text(i)).unwrap();
+    }
+    // Just stored: not due (the thread's own passes see the same).
+    assert_eq!(s.cold_pass_with(64, false), 0);
+    assert_eq!(s.cold_waiting(), 32);
+    assert_eq!(s.stats().recompressed_pages, 0);
+}
+
+#[test]
+fn incompressible_and_same_filled_pages_are_not_listed() {
+    let s = auto_store(8, 1);
+    let mut x = 7u64;
+    let noise: Vec<u8> = (0..PAGE_SIZE)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            (x >> 33) as u8
+        })
+        .collect();
+    s.write(0, &noise).unwrap();
+    s.write(1, &[7u8; PAGE_SIZE]).unwrap();
+    s.write(2, &text(2)).unwrap();
+    while s.cold_pass_with(64, true) > 0 {}
+    let mut b = vec![0u8; PAGE_SIZE];
+    s.read(0, &mut b).unwrap();
+    assert_eq!(b, noise);
+    s.read(1, &mut b).unwrap();
+    assert_eq!(b, [7u8; PAGE_SIZE]);
+    assert_eq!(s.stats().recompressed_pages, 1);
+}
+
+#[test]
+fn a_bad_group_size_is_refused() {
+    let mut cfg = StoreConfig::new(8, Policy::Auto);
+    cfg.recompress_interval = Some(Duration::from_secs(3600));
+    for bad in [0, 17] {
+        cfg.cold_group = bad;
+        let e = PageStore::new(cfg.clone()).err().expect("accepted");
+        assert!(e.to_string().contains("cold_group"), "{e}");
+    }
+}
