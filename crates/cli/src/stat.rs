@@ -110,7 +110,11 @@ pub fn run(a: &StatArgs) -> anyhow::Result<()> {
         } else if first || a.all {
             print!("{}", table(&refs));
             for s in &refs {
-                if let Some(l) = zmem_runenv::report::ssd_line(s) {
+                let lines = [
+                    zmem_runenv::report::cold_line(s),
+                    zmem_runenv::report::ssd_line(s),
+                ];
+                for l in lines.into_iter().flatten() {
                     print!("{l}");
                 }
             }

@@ -117,7 +117,22 @@ pub fn checks_line(s: &ProcessStats) -> Option<String> {
     })
 }
 
-/// The summary printed on stderr when the program exits.
+/// The cold pass of a process (policy `auto`) in one line, or None without one.
+pub fn cold_line(s: &ProcessStats) -> Option<String> {
+    let st = &s.region.store;
+    if st.cold_after_ms == 0 {
+        return None;
+    }
+    Some(format!(
+        "zmem: cold pass: {} pages recompressed in all; its own took {} to {}; a page is cold \
+         after {:.0} s stored\n",
+        st.recompressed_pages,
+        human(st.cold_bytes_before),
+        human(st.cold_bytes_after),
+        f64::from(st.cold_after_ms) / 1000.0
+    ))
+}
+
 /// The SSD tier of a process in one line (zram's bd_stat and the log's own counters), or None
 /// without one.
 pub fn ssd_line(s: &ProcessStats) -> Option<String> {
@@ -154,6 +169,7 @@ pub fn ssd_line(s: &ProcessStats) -> Option<String> {
     ))
 }
 
+/// The summary printed on stderr when the program exits.
 pub fn summary(name: &str, r: &RunReport) -> String {
     let s = &r.zmem;
     let mut out = format!(
@@ -181,7 +197,7 @@ pub fn summary(name: &str, r: &RunReport) -> String {
         human(r.peak_dram),
         r.peak_data as f64 / r.peak_dram.max(1) as f64
     );
-    if let Some(l) = ssd_line(s) {
+    for l in [cold_line(s), ssd_line(s)].into_iter().flatten() {
         out += &l;
     }
     if s.store_refused() > 0 {
@@ -246,5 +262,22 @@ mod tests {
             "{line}"
         );
         assert!(table(&[&p]).contains(&line));
+    }
+
+    #[test]
+    fn the_cold_pass_has_a_line_only_where_it_runs() {
+        let mut p = ProcessStats::default();
+        assert_eq!(cold_line(&p), None);
+        let st = &mut p.region.store;
+        st.cold_after_ms = 4000;
+        st.recompressed_pages = 1234;
+        st.cold_bytes_before = 8 << 20;
+        st.cold_bytes_after = 5 << 20;
+        let line = cold_line(&p).unwrap();
+        assert_eq!(
+            line,
+            "zmem: cold pass: 1234 pages recompressed in all; its own took 8M to 5M; a page is \
+             cold after 4 s stored\n"
+        );
     }
 }

@@ -15,7 +15,7 @@
 //! [`StoreConfig::cold_group`]: crate::StoreConfig::cold_group
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -24,9 +24,12 @@ use zmem_codec::{Codec, CodecId, PAGE_SIZE};
 use crate::slot::{State, BLOCK, HUGE, LATER, OBJECT};
 use crate::{StoreCore, GROUP, MAX_BLOCK_PAGES};
 
-/// A stored page is recompressed once it has stayed stored this long: pages that come back
-/// within a second (a working set passing through the budget) never pay for the cold codec.
+/// A stored page is recompressed once it has stayed stored this long at least: pages that
+/// come back within a second (a working set passing through the budget) never pay for the cold
+/// codec. The age grows while recompressed pages come back ([`ColdAge`]), up to the second
+/// figure.
 pub const COLD_AFTER_MS: u32 = 1000;
+pub const COLD_AFTER_MAX_MS: u32 = 64_000;
 
 /// The share of its memory limit a pool holds from which the cold pass runs on a busy CPU
 /// too, and from which it takes pages however long they have stayed.
@@ -53,6 +56,8 @@ const COLD_QUEUE_MAX: usize = 1 << 17;
 pub(crate) struct ColdQueue {
     queue: Mutex<VecDeque<(u64, u32)>>,
     born: Instant,
+    /// The age (ms) from which a listed page is due ([`ColdAge`]).
+    after_ms: AtomicU32,
     /// The codec pages are recompressed with.
     pub(crate) codec: Codec,
     /// Pages per group block (1: each page alone).
@@ -64,6 +69,7 @@ impl ColdQueue {
         ColdQueue {
             queue: Mutex::new(VecDeque::with_capacity(COLD_QUEUE_MAX)),
             born: Instant::now(),
+            after_ms: AtomicU32::new(COLD_AFTER_MS),
             codec,
             group: group.clamp(1, MAX_BLOCK_PAGES),
         }
@@ -82,12 +88,12 @@ impl ColdQueue {
         }
     }
 
-    /// The oldest listed page that has stayed stored long enough (`urgent`: however long).
-    fn pop_due(&self, urgent: bool) -> Option<u64> {
+    /// The oldest listed page that has stayed stored `age_ms` or longer.
+    fn pop_due(&self, age_ms: u32) -> Option<u64> {
         let now = self.now_ms();
         let mut q = self.queue.lock();
         match q.front() {
-            Some(&(index, at)) if urgent || now.saturating_sub(at) >= COLD_AFTER_MS => {
+            Some(&(index, at)) if now.saturating_sub(at) >= age_ms => {
                 q.pop_front();
                 Some(index)
             }
@@ -100,31 +106,51 @@ impl ColdQueue {
     }
 }
 
-/// Whether the pages the cold pass recompressed come back: reads of pages in the cold codec
-/// against pages recompressed, both decayed by half per look. Where half of what it
-/// recompresses comes back (a working set cycling through the budget: `bench region --pattern
-/// rand` refaults every page about 3 s after its eviction), recompressing costs a compression
-/// and a slower decode at each return and saves nothing that lasts, so the cold pass waits
-/// (unless the pool is pressed: then DRAM is what runs out) until those reads die down, and
-/// then tries again. Without I/O or clock: the caller looks.
-#[derive(Default)]
-pub(crate) struct ColdGate {
+/// The age from which a stored page counts as cold, set by what the pass's recompressions
+/// became: reads of pages in the cold codec against pages recompressed, each halved per look.
+/// Where over a quarter of what it recompressed comes back (a working set cycling through the
+/// budget: `bench region --pattern rand` refaults every page about 3 s after its eviction),
+/// recompressing costs a compression and a slower decode at each return and saves nothing that
+/// lasts: the age doubles (up to [`COLD_AFTER_MAX_MS`], beyond any page's stay in a memoryless
+/// cycle). Where under a sixteenth comes back, or nothing does, it halves (down to
+/// [`COLD_AFTER_MS`]), so a workload whose cold tail stays out (zipf) finds the age that
+/// separates it from its hot pages. Without I/O or clock: the caller looks.
+pub(crate) struct ColdAge {
     reads: u64,
     done: u64,
     recent_reads: u64,
     recent_done: u64,
+    after_ms: u32,
 }
 
-impl ColdGate {
+impl Default for ColdAge {
+    fn default() -> ColdAge {
+        ColdAge {
+            reads: 0,
+            done: 0,
+            recent_reads: 0,
+            recent_done: 0,
+            after_ms: COLD_AFTER_MS,
+        }
+    }
+}
+
+impl ColdAge {
     /// Takes the store's reads of cold-codec pages and its recompressed pages so far; returns
-    /// whether the cold pass may run.
-    pub(crate) fn look(&mut self, cold_reads: u64, recompressed: u64) -> bool {
+    /// the age (ms) from which a page is cold now.
+    pub(crate) fn look(&mut self, cold_reads: u64, recompressed: u64) -> u32 {
         let dr = cold_reads.saturating_sub(self.reads);
         let dd = recompressed.saturating_sub(self.done);
         (self.reads, self.done) = (cold_reads, recompressed);
         self.recent_reads = self.recent_reads / 2 + dr;
         self.recent_done = self.recent_done / 2 + dd;
-        self.recent_reads == 0 || self.recent_reads.saturating_mul(4) <= self.recent_done
+        let (r, d) = (self.recent_reads, self.recent_done);
+        if r.saturating_mul(4) > d {
+            self.after_ms = self.after_ms.saturating_mul(2).min(COLD_AFTER_MAX_MS);
+        } else if r.saturating_mul(16) <= d {
+            self.after_ms = (self.after_ms / 2).max(COLD_AFTER_MS);
+        }
+        self.after_ms
     }
 }
 
@@ -135,25 +161,31 @@ fn warm_object(st: State, cold: Codec) -> bool {
 }
 
 impl StoreCore {
-    /// Recompresses up to `max` pages that have stayed stored [`COLD_AFTER_MS`] (see the module
-    /// docs), or the oldest listed however long they have stayed while the pool is near its
-    /// limit ([`ColdPressure::Urgent`]); returns how many pages it looked at (so a
+    /// Recompresses up to `max` pages that have stayed stored long enough (see the module docs
+    /// and [`cold_pass_with`](Self::cold_pass_with)); returns how many pages it looked at (so a
     /// caller knows whether more are due). A store without a cold queue has nothing to do.
     pub fn cold_pass(&self, max: usize) -> usize {
-        self.cold_pass_with(max, self.cold_pressure() == ColdPressure::Urgent)
+        self.cold_pass_with(max, self.cold_pressure())
     }
 
-    /// The cold pass; `urgent`: pages however long they have stayed.
-    pub(crate) fn cold_pass_with(&self, max: usize, urgent: bool) -> usize {
+    /// The cold pass at a pressure: none, pages as old as [`ColdAge`] says; pressed, pages a
+    /// second old whatever comes back (DRAM is what runs out); urgent, the oldest pages
+    /// however young.
+    pub(crate) fn cold_pass_with(&self, max: usize, pressure: ColdPressure) -> usize {
         let Some(cold) = self.inner.cold.as_ref() else {
             return 0;
+        };
+        let age_ms = match pressure {
+            ColdPressure::None => cold.after_ms.load(Ordering::Relaxed),
+            ColdPressure::Pressed => COLD_AFTER_MS,
+            ColdPressure::Urgent => 0,
         };
         let mut seen = 0;
         let mut group = [0u64; MAX_BLOCK_PAGES];
         while seen < max {
             let mut n = 0;
             while n < cold.group && seen < max {
-                let Some(index) = cold.pop_due(urgent) else {
+                let Some(index) = cold.pop_due(age_ms) else {
                     break;
                 };
                 seen += 1;
@@ -269,13 +301,27 @@ impl StoreCore {
         }
     }
 
-    /// Reads of pages in the cold codec and pages recompressed so far, for [`ColdGate`].
-    pub(crate) fn cold_traffic(&self) -> (u64, u64) {
+    /// Sets the cold pass's age from what its recompressions became ([`ColdAge`]); returns it
+    /// (ms).
+    pub(crate) fn cold_age_look(&self, age: &mut ColdAge) -> u32 {
+        let Some(cold) = self.inner.cold.as_ref() else {
+            return COLD_AFTER_MS;
+        };
         let c = &self.inner.counters;
-        (
+        let ms = age.look(
             c.cold_reads.load(Ordering::Relaxed),
             c.recompressed.load(Ordering::Relaxed),
-        )
+        );
+        cold.after_ms.store(ms, Ordering::Relaxed);
+        ms
+    }
+
+    /// The age (ms) from which a stored page is cold now (0 without a cold pass).
+    pub fn cold_after_ms(&self) -> u32 {
+        self.inner
+            .cold
+            .as_ref()
+            .map_or(0, |c| c.after_ms.load(Ordering::Relaxed))
     }
 
     /// Pages listed for the cold pass (some may have been read back since).
@@ -286,27 +332,40 @@ impl StoreCore {
 
 #[cfg(test)]
 mod tests {
-    use super::ColdGate;
+    use super::{ColdAge, COLD_AFTER_MAX_MS, COLD_AFTER_MS};
 
     #[test]
-    fn the_gate_closes_while_recompressed_pages_come_back() {
-        let mut g = ColdGate::default();
-        // Nothing yet: try.
-        assert!(g.look(0, 0));
-        // Recompressed pages stay out.
-        assert!(g.look(10, 1000));
-        assert!(g.look(20, 2000));
-        // Half of what was recompressed comes back: wait.
-        assert!(!g.look(1500, 2500));
-        // While they keep coming back, and nothing is recompressed, it stays shut...
-        assert!(!g.look(2000, 2500));
-        assert!(!g.look(2100, 2500));
-        // ...until those reads have died down (halved at each look), then it tries again.
-        let mut looks = 0;
-        while !g.look(2100, 2500) {
-            looks += 1;
-            assert!(looks < 20, "the gate never opened again");
+    fn the_age_follows_what_recompressed_pages_became() {
+        let mut g = ColdAge::default();
+        // Nothing yet: the shortest age.
+        assert_eq!(g.look(0, 0), COLD_AFTER_MS);
+        // Recompressed pages stay out: it stays shortest.
+        assert_eq!(g.look(10, 1000), COLD_AFTER_MS);
+        assert_eq!(g.look(20, 2000), COLD_AFTER_MS);
+        // Half of them come back: it doubles at each look while they do.
+        assert_eq!(g.look(1500, 2500), 2 * COLD_AFTER_MS);
+        assert_eq!(g.look(2500, 2500), 4 * COLD_AFTER_MS);
+        // A cycle that never ends drives it to its top, and no further.
+        let (mut reads, mut done) = (2500, 2500);
+        for _ in 0..20 {
+            reads += 500;
+            done += 600;
+            g.look(reads, done);
         }
-        assert!(looks >= 5, "opened again after {looks} quiet looks");
+        assert_eq!(g.look(reads + 500, done + 600), COLD_AFTER_MAX_MS);
+        // Between a sixteenth and a quarter: it holds.
+        let mut held = ColdAge::default();
+        assert_eq!(held.look(500, 1000), 2 * COLD_AFTER_MS);
+        for k in 1..10 {
+            // A tenth of what is recompressed comes back.
+            assert_eq!(held.look(500 + 100 * k, 1000 + 1000 * k), 2 * COLD_AFTER_MS);
+        }
+        // Once those reads die down, it comes back to the shortest age, a halving per look.
+        let mut looks = 0;
+        while g.look(reads + 500, done + 600) > COLD_AFTER_MS {
+            looks += 1;
+            assert!(looks < 40, "the age never came down");
+        }
+        assert!(looks >= 6, "came down after {looks} quiet looks");
     }
 }

@@ -7,7 +7,7 @@ use zmem_codec::{CodecId, PAGE_SIZE};
 use zmem_engine::Policy;
 
 use crate::slot::{BLOCK, OBJECT};
-use crate::{PageStore, StoreConfig};
+use crate::{ColdPressure, PageStore, StoreConfig};
 
 /// Text that lz4 shrinks and zstd shrinks further, distinct per seed.
 fn text(seed: u64) -> Vec<u8> {
@@ -66,7 +66,7 @@ fn run(group: usize) {
         model[i as usize] = None;
     }
     check(&s, &model);
-    while s.cold_pass_with(64, true) > 0 {}
+    while s.cold_pass_with(64, ColdPressure::Urgent) > 0 {}
     check(&s, &model);
     let st = s.stats();
     assert!(
@@ -109,7 +109,7 @@ fn run(group: usize) {
     }
     // Nothing is left to do: a second pass changes nothing.
     let done = s.stats().recompressed_pages;
-    while s.cold_pass_with(64, true) > 0 {}
+    while s.cold_pass_with(64, ColdPressure::Urgent) > 0 {}
     check(&s, &model);
     if group == 1 {
         assert_eq!(s.stats().recompressed_pages, done);
@@ -134,7 +134,7 @@ fn pages_are_not_taken_before_they_have_stayed() {
         s.write(i, &text(i)).unwrap();
     }
     // Just stored: not due (the thread's own passes see the same).
-    assert_eq!(s.cold_pass_with(64, false), 0);
+    assert_eq!(s.cold_pass_with(64, ColdPressure::None), 0);
     assert_eq!(s.cold_waiting(), 32);
     assert_eq!(s.stats().recompressed_pages, 0);
 }
@@ -152,7 +152,7 @@ fn incompressible_and_same_filled_pages_are_not_listed() {
     s.write(0, &noise).unwrap();
     s.write(1, &[7u8; PAGE_SIZE]).unwrap();
     s.write(2, &text(2)).unwrap();
-    while s.cold_pass_with(64, true) > 0 {}
+    while s.cold_pass_with(64, ColdPressure::Urgent) > 0 {}
     let mut b = vec![0u8; PAGE_SIZE];
     s.read(0, &mut b).unwrap();
     assert_eq!(b, noise);

@@ -40,7 +40,7 @@ use zmem_codec::{Dictionary, PAGE_SIZE};
 use zmem_engine::{Engine, Policy};
 use zmem_pool::{Handle, Pool, PoolConfig};
 
-pub use cold::{ColdPressure, COLD_AFTER_MS};
+pub use cold::{ColdPressure, COLD_AFTER_MAX_MS, COLD_AFTER_MS};
 pub use config::{StoreConfig, StoreError, DEFAULT_COLD_GROUP};
 pub use entropy::LATER_AFTER_MS;
 pub use lower::{LowerConfig, WritebackStats, DEFAULT_READ_AHEAD, MAX_READ_AHEAD};
@@ -350,6 +350,7 @@ impl StoreCore {
             discards: c.discards.load(Ordering::Relaxed),
             decompress_nanos: c.decompress_nanos.load(Ordering::Relaxed),
             recompressed_pages: c.recompressed.load(Ordering::Relaxed),
+            cold_after_ms: self.cold_after_ms(),
             cold_bytes_before: c.cold_bytes_before.load(Ordering::Relaxed),
             cold_bytes_after: c.cold_bytes_after.load(Ordering::Relaxed),
             repacked_pages: c.repacked.load(Ordering::Relaxed),

@@ -24,18 +24,19 @@ const COLD_NAP: Duration = Duration::from_millis(2);
 const COLD_TRICKLE: usize = 16;
 const COLD_TRICKLE_EVERY: Duration = Duration::from_millis(20);
 
-/// How often the recompressor looks at what its recompressions became (`ColdGate`).
-const REFAULT_LOOK_EVERY: Duration = Duration::from_millis(500);
+/// How often the recompressor looks at what its recompressions became (`ColdAge`).
+const COLD_LOOK_EVERY: Duration = Duration::from_millis(500);
 
 /// A pass that recompressed pages compacts the pool when it holds this much more DRAM than
 /// its objects' bytes.
 const COMPACT_ABOVE: f64 = 1.05;
 
 impl StoreCore {
-    /// Every `every`, recompresses the pages that stayed idle since the previous pass (not
-    /// while stored pages are coming back and the pool is not pressed); in between, makes the cold pass (`cold`) while the pool is half full
-    /// ([`ColdPressure`](crate::ColdPressure)), or while half a CPU is idle and stored pages
-    /// are not coming back (`ColdGate`), and a trickle of it when only the CPU is busy.
+    /// Every `every`, recompresses the pages that stayed idle since the previous pass (only
+    /// while recompressed pages do not come back, or the pool is pressed); in between, makes
+    /// the cold pass (`cold`, its age set by `ColdAge`) while the pool is half full
+    /// ([`ColdPressure`](crate::ColdPressure)) or half a CPU is idle, and a trickle of it
+    /// otherwise.
     pub(crate) fn spawn_recompressor(
         core: Arc<StoreCore>,
         codec: zmem_codec::Codec,
@@ -47,21 +48,20 @@ impl StoreCore {
             let mut last = Instant::now();
             let mut last_trickle = Instant::now();
             let mut idle_cpu = zmem_os::idle::IdleCpu::new();
-            let mut gate = crate::cold::ColdGate::default();
-            let mut refaulting = false;
+            let mut age = crate::cold::ColdAge::default();
+            let mut after_ms = crate::COLD_AFTER_MS;
             let mut last_look = Instant::now();
             core.mark_idle();
             while !flag.load(Ordering::Acquire) {
-                if last_look.elapsed() >= REFAULT_LOOK_EVERY {
+                if last_look.elapsed() >= COLD_LOOK_EVERY {
                     last_look = Instant::now();
-                    let (reads, done) = core.cold_traffic();
-                    refaulting = !gate.look(reads, done);
+                    after_ms = core.cold_age_look(&mut age);
                 }
                 let pressed = core.cold_pressure() != crate::ColdPressure::None;
-                let busy = if pressed || (!refaulting && idle_cpu.half_a_cpu_idle()) {
+                let busy = if pressed || idle_cpu.half_a_cpu_idle() {
                     core.cold_pass(COLD_SLICE) == COLD_SLICE
                 } else {
-                    if !refaulting && last_trickle.elapsed() >= COLD_TRICKLE_EVERY {
+                    if last_trickle.elapsed() >= COLD_TRICKLE_EVERY {
                         last_trickle = Instant::now();
                         core.cold_pass(COLD_TRICKLE);
                     }
@@ -74,9 +74,9 @@ impl StoreCore {
                 };
                 std::thread::sleep(nap.min(every));
                 if last.elapsed() >= every {
-                    // Pages that stayed out one interval come back too while the store is
-                    // refaulting (the gate's reason holds for this pass as well).
-                    if !refaulting || pressed {
+                    // Pages idle for one interval are cold only while the cold age is at its
+                    // shortest (`ColdAge`: recompressed pages do not come back).
+                    if after_ms <= crate::COLD_AFTER_MS || pressed {
                         let s = core.recompress(codec, true);
                         tracing::debug!(?s, "idle recompression pass");
                     }

@@ -35,6 +35,9 @@ pub struct StoreStats {
     /// Nanoseconds spent decoding on reads.
     pub decompress_nanos: u64,
     pub recompressed_pages: u64,
+    /// The age from which the cold pass takes a stored page now (ms; 0: no cold pass).
+    #[serde(default)]
+    pub cold_after_ms: u32,
     /// Of the pages the cold pass recompressed, their compressed bytes before and after.
     #[serde(default)]
     pub cold_bytes_before: u64,
@@ -104,7 +107,7 @@ pub(crate) struct Counters {
     pub(crate) discards: AtomicU64,
     pub(crate) decompress_nanos: AtomicU64,
     pub(crate) recompressed: AtomicU64,
-    /// Reads of pages stored in the cold codec (`cold::ColdGate`).
+    /// Reads of pages stored in the cold codec (`cold::ColdAge`).
     pub(crate) cold_reads: AtomicU64,
     pub(crate) cold_bytes_before: AtomicU64,
     pub(crate) cold_bytes_after: AtomicU64,
