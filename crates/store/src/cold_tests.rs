@@ -171,3 +171,25 @@ fn a_bad_group_size_is_refused() {
         assert!(e.to_string().contains("cold_group"), "{e}");
     }
 }
+
+#[test]
+fn the_table_walks_stop_at_the_highest_stored_page_and_reach_it() {
+    let mut cfg = StoreConfig::new(1 << 16, Policy::Auto);
+    cfg.recompress_interval = None;
+    let s = PageStore::new(cfg).unwrap();
+    assert_eq!(s.inner.stored_end(), 0);
+    s.write(10, &text(10)).unwrap();
+    s.write(40_000, &text(40_000)).unwrap();
+    assert_eq!(s.inner.stored_end(), 40_001);
+    // A discard does not lower it (the walks may look at a few empty slots).
+    s.discard(40_000).unwrap();
+    s.write(40_000, &text(7)).unwrap();
+    let cold = Policy::Auto.cold_codec().unwrap();
+    let st = s.recompress(cold, false);
+    assert_eq!(st.pages_recompressed, 2, "{st:?}");
+    let mut b = vec![0u8; PAGE_SIZE];
+    s.read(40_000, &mut b).unwrap();
+    assert_eq!(b, text(7));
+    s.read(10, &mut b).unwrap();
+    assert_eq!(b, text(10));
+}

@@ -421,6 +421,7 @@ impl Inner {
     /// Gives page `index` its new state and aux word, freeing what it held before; a new
     /// single-page object joins the SSD writeback queue.
     fn install_page(&self, index: u64, state: State, aux: u64) {
+        self.note_stored(index + 1);
         let slot = &self.slots[index as usize];
         let (old, old_aux) = slot.lock();
         self.release(old, old_aux);
@@ -437,6 +438,7 @@ impl Inner {
 
     fn mark_pending(&self, start: u64, input: &Arc<[u8]>) {
         let n = input.len() / PAGE_SIZE;
+        self.note_stored(start + n as u64);
         for k in 0..n {
             let p = Arc::into_raw(Arc::new(Pending {
                 input: input.clone(),

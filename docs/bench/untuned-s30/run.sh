@@ -1,7 +1,7 @@
 #!/bin/bash
 # Programs nobody tuned zmem for, each run plain once and under `zmem run --resident BUDGET
 # --trace-pages`, the output compared with the plain run's (session 30).
-# usage: run.sh ZMEM BUDGET [OUTDIR]   e.g. run.sh ./target/release/zmem 4M /tmp/untuned
+# usage: [ZMEM_RUN_ARGS="--policy auto"] run.sh ZMEM BUDGET [OUTDIR]   e.g. run.sh ./target/release/zmem 4M /tmp/untuned
 set -u
 zmem=$(realpath "$1"); budget=$2; out=${3:-/tmp/zmem-untuned}
 here=$(cd "$(dirname "$0")" && pwd); repo=$(cd "$here/../../.." && pwd)
@@ -19,7 +19,7 @@ for job in "${jobs[@]}"; do
   name=${job%%|*}; cmd=${job#*|}
   [ -s "ref.$name" ] || bash -c "$cmd" > "ref.$name"
   t0=$(date +%s.%N)
-  timeout 900 "$zmem" run --resident "$budget" --trace-pages --stats "stats.$name.$budget.json" \
+  timeout 900 "$zmem" run --resident "$budget" ${ZMEM_RUN_ARGS:-} --trace-pages --stats "stats.$name.$budget.json" \
     -- bash -c "$cmd" > "out.$name.$budget" 2> "err.$name.$budget"
   rc=$?
   secs=$(echo "$(date +%s.%N) - $t0" | bc)
