@@ -9,21 +9,29 @@ use zmem_engine::Policy;
 use crate::slot::{BLOCK, OBJECT};
 use crate::{ColdPressure, PageStore, StoreConfig};
 
-/// Text that lz4 shrinks and zstd shrinks further, distinct per seed.
+/// Text that lz4 shrinks and zstd shrinks further, distinct per seed (the store tests' own).
 fn text(seed: u64) -> Vec<u8> {
-    let words = [
-        "cold ", "page ", "store ", "zstd ", "lz4\n", "block ", "queue ",
-    ];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = format!("seed {seed} ").into_bytes();
-    while v.len() < PAGE_SIZE {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(words[(x % 7) as usize].as_bytes());
+    crate::tests::content(0, seed)
+}
+
+/// Rewrites every `every`th page from `from` with new text (seeds from `seed`), and discards
+/// every `gap`th page from `hole`, in the store and in the model.
+fn rewrite_and_discard(
+    s: &PageStore,
+    model: &mut [Option<Vec<u8>>],
+    (from, every, seed): (u64, usize, u64),
+    (hole, gap): (u64, usize),
+) {
+    let pages = model.len() as u64;
+    for i in (from..pages).step_by(every) {
+        let p = text(seed + i);
+        s.write(i, &p).unwrap();
+        model[i as usize] = Some(p);
     }
-    v.truncate(PAGE_SIZE);
-    v
+    for i in (hole..pages).step_by(gap) {
+        s.discard(i).unwrap();
+        model[i as usize] = None;
+    }
 }
 
 /// An `auto` store whose recompressor thread waits an hour between idle passes (its cold
@@ -56,15 +64,7 @@ fn run(group: usize) {
     let before = s.stats().compr_data_size;
     assert_eq!(s.cold_waiting(), pages as usize);
     // Between listing and pass: rewrites (listed again), discards, reads.
-    for i in (0..pages).step_by(7) {
-        let p = text(1000 + i);
-        s.write(i, &p).unwrap();
-        model[i as usize] = Some(p);
-    }
-    for i in (3..pages).step_by(11) {
-        s.discard(i).unwrap();
-        model[i as usize] = None;
-    }
+    rewrite_and_discard(&s, &mut model, (0, 7, 1000), (3, 11));
     check(&s, &model);
     while s.cold_pass_with(64, ColdPressure::Urgent) > 0 {}
     check(&s, &model);
@@ -96,15 +96,7 @@ fn run(group: usize) {
             "{in_blocks} of {kept} pages in blocks"
         );
         // A member rewritten or discarded leaves the others of its block intact.
-        for i in (1..pages).step_by(5) {
-            let p = text(5000 + i);
-            s.write(i, &p).unwrap();
-            model[i as usize] = Some(p);
-        }
-        for i in (2..pages).step_by(9) {
-            s.discard(i).unwrap();
-            model[i as usize] = None;
-        }
+        rewrite_and_discard(&s, &mut model, (1, 5, 5000), (2, 9));
         check(&s, &model);
     }
     // Nothing is left to do: a second pass changes nothing.

@@ -7,7 +7,7 @@ use zmem_codec::{Codec, CodecId};
 const PS: usize = PAGE_SIZE;
 
 /// Page content kinds the tests mix: text-like, same-filled, zero, incompressible.
-fn content(kind: u8, seed: u64) -> Vec<u8> {
+pub(crate) fn content(kind: u8, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut next = move || {
         x ^= x << 13;
