@@ -1568,6 +1568,58 @@ fn fork_and_exec() {
     eprintln!("fork_and_exec: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
+/// Two buffers grown by realloc to 96 and 48 MiB through a 16 MiB budget, on both fault
+/// routes: every byte survives every realloc, and the grown blocks' pages were moved (resident
+/// pages to their new address, compressed ones to their new index), not copied through the
+/// budget.
+#[test]
+fn realloc_of_large_blocks_moves_their_pages() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("realloc_grow", dir.path(), &[]);
+    for route in ["signal", "handler"] {
+        let stats = dir.path().join(format!("stats-{route}.json"));
+        let mut cmd = zmem_cmd(&[
+            "run",
+            "--resident",
+            "16M",
+            "--fault-route",
+            route,
+            "--stats",
+        ]);
+        cmd.arg(&stats).arg("--").arg(&prog).arg("96");
+        let out = run_to_end(cmd, dir.path(), "realloc_grow", Duration::from_secs(120));
+        assert_eq!(
+            out.code,
+            Some(0),
+            "realloc_grow ({route}) failed\nstdout: {}\nstderr: {}",
+            out.stdout,
+            tail(&out.stderr)
+        );
+        assert!(out.stdout.starts_with("ok "), "{}", out.stdout);
+        let report = read_json(&stats);
+        let z = &report["zmem"];
+        let moved = &z["region"]["remapped"];
+        let count = |k: &str| {
+            moved[k]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{k} in {moved}"))
+        };
+        // The doublings alone move 96 MiB in all (24k pages), most of them evicted by then.
+        assert!(count("stored") > 10_000, "{route}: {moved}");
+        assert!(count("mapped") > 0, "{route}: {moved}");
+        assert!(
+            count("copied") * 10 < count("stored") + count("mapped"),
+            "{route}: most pages move: {moved}"
+        );
+        assert_eq!(num(z, "renamed"), count("stored"), "{route}: {z}");
+        assert!(num(z, "evictions") > 0, "{z}");
+    }
+}
+
 /// A shell script forking a subshell per line (`$(...)`), hundreds of times, at a small
 /// budget. Every fork snapshots the region for the child; the snapshots of children that
 /// exited must go at once, or the next fork fails with ENOMEM (the kernel accounts their

@@ -494,6 +494,11 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
             return q;
         }
     }
+    if size > MOVE_MIN && natural(align, size) && in_program_heap(p) {
+        if let Some(q) = grow_by_moving(p, size) {
+            return q;
+        }
+    }
     match (in_program_heap(p), natural(align, size)) {
         (true, natural) => {
             let resize = |p, size| {
@@ -520,6 +525,60 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
             q
         }
     }
+}
+
+/// Blocks from this size on grow by moving their pages (see [`grow_by_moving`]): below it a
+/// copy costs less than the region's bookkeeping.
+pub const MOVE_MIN: usize = 64 << 10;
+
+/// Grows a program-heap block of at least [`MOVE_MIN`] bytes into a new one by moving its
+/// pages (`Region::move_pages`: a resident page changes address, a compressed one changes
+/// index), where mimalloc copies every byte: through a small budget each page of the old block
+/// was faulted back and each page of the new one written and evicted again (a Python list
+/// growing to 12M entries at `--resident 32M`: 2.7 s against 0.7 s plain, whose glibc moves
+/// such a block with mremap). None when the block does not grow (mimalloc resizes it in
+/// place) or no new block could be had (mimalloc's path then tries, growing the heap).
+unsafe fn grow_by_moving(p: *mut c_void, size: usize) -> Option<*mut c_void> {
+    let old = mi::mi_usable_size(p);
+    if size <= old || old < MOVE_MIN {
+        return None;
+    }
+    let rt = crate::runtime::runtime()?;
+    let q = program_alloc(size, 16, false);
+    if q.is_null() {
+        return None;
+    }
+    if GROW_WANTED.load(Relaxed) {
+        grow(false);
+    }
+    let page = zmem_os::PAGE_SIZE;
+    let (from, to) = (p as usize, q as usize);
+    // Whole pages move only between blocks at the same offset in their pages (mimalloc's
+    // large blocks are page aligned); the bytes before and after them are copied.
+    let head = if from % page == to % page {
+        ((page - from % page) % page).min(old)
+    } else {
+        old
+    };
+    let whole = (old - head) / page * page;
+    let base = rt.region.as_ptr() as usize;
+    std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, head);
+    // SAFETY: both blocks are whole pages of the region held by this call alone (the program
+    // gave `p` to realloc; `q` is not handed out yet).
+    let moved = whole > 0
+        && unsafe {
+            rt.region
+                .move_pages(to + head - base, from + head - base, whole)
+        }
+        .is_ok();
+    let done = if moved { head + whole } else { head };
+    std::ptr::copy_nonoverlapping(
+        (from + done) as *const u8,
+        (to + done) as *mut u8,
+        old - done,
+    );
+    inside_mimalloc(|| mi::mi_free(p));
+    Some(q)
 }
 
 /// Resizes an exact-fit block: in place when it shrinks or the block after it is free, else

@@ -94,6 +94,13 @@ pub trait BackingStore: Send + Sync {
         None
     }
 
+    /// Gives page `from`'s stored content to page `to` (which holds nothing) without decoding
+    /// it: `Ok(false)` when this store cannot (the region then copies the page). See
+    /// [`StoreCore::rename`].
+    fn rename(&self, _from: u64, _to: u64) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     /// The store's statistics (zram mm_stat meanings).
     fn stats(&self) -> StoreStats;
 }
@@ -143,6 +150,9 @@ impl BackingStore for PageStore {
     }
     fn as_store_core(&self) -> Option<&StoreCore> {
         Some(self)
+    }
+    fn rename(&self, from: u64, to: u64) -> Result<bool, StoreError> {
+        StoreCore::rename(self, from, to)
     }
     fn stats(&self) -> StoreStats {
         StoreCore::stats(self)

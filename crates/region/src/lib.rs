@@ -27,6 +27,7 @@ mod forked;
 pub mod guard;
 mod manager;
 pub mod policy;
+mod remap;
 mod signal;
 mod slots;
 mod state;
@@ -71,6 +72,7 @@ pub mod userfaultfd {
     pub use crate::uffd::{probe, OpenError, Opened, Probe, NEEDED, NEEDED_FEATURES};
 }
 pub use policy::Eviction;
+pub use remap::Remapped;
 pub use stats::{Checks, HandlerTime, Latency, RegionStats};
 
 /// A range of memory that tiers itself. Use [`Region::as_ptr`] ..`+len()` as plain memory from
@@ -484,6 +486,7 @@ impl Region {
                 moved_nothing: c.moved_nothing.load(Relaxed),
                 moved_unreported: c.moved_unreported.load(Relaxed),
             },
+            remapped: Remapped::load(&c.remapped),
             colocations: sh.colocation.pins(),
             fault_latency,
             handler_time: HandlerTime {
@@ -623,6 +626,49 @@ impl Region {
             false,
         );
         Ok(())
+    }
+
+    /// Moves the content of the `len` bytes at `src_offset` to `dst_offset` (whole pages; the
+    /// ranges must not overlap): afterwards `dst` holds what `src` held, and `src` reads as
+    /// zeros but for the pages that were copied. Resident pages change address, stored pages
+    /// change index, and only pages in another state are copied (see `remap`), so a program's
+    /// large `realloc` costs neither decompression nor eviction. In a forked child every page
+    /// is copied.
+    ///
+    /// # Safety
+    /// No other thread reads or writes either range during the call.
+    pub unsafe fn move_pages(
+        &self,
+        dst_offset: usize,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<Remapped, RegionError> {
+        let aligned = [dst_offset, src_offset, len].iter().all(|x| x % PAGE == 0);
+        let apart = dst_offset.abs_diff(src_offset) >= len;
+        if !aligned || !apart {
+            return Err(RegionError::Config(format!(
+                "move_pages needs whole pages in ranges that do not overlap \
+                 (dst {dst_offset:#x}, src {src_offset:#x}, {len} bytes)"
+            )));
+        }
+        let (dst, _) = self.page_range("move_pages", dst_offset, len)?;
+        let (src, _) = self.page_range("move_pages", src_offset, len)?;
+        let pages = len / PAGE;
+        if !self.in_creator() {
+            // SAFETY: both ranges are inside the region (checked) and the caller's alone.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.base.wrapping_add(src_offset) as *const u8,
+                    self.base.wrapping_add(dst_offset) as *mut u8,
+                    len,
+                )
+            };
+            return Ok(Remapped {
+                copied: pages as u64,
+                ..Remapped::default()
+            });
+        }
+        Ok(self.shared().move_pages(dst as usize, src as usize, pages))
     }
 
     /// Pages of `[offset, offset + len)` that the kernel refused to move out (their protection

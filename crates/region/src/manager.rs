@@ -431,6 +431,8 @@ pub(crate) struct Counters {
     pub staged_present: AtomicU64,
     pub moved_nothing: AtomicU64,
     pub moved_unreported: AtomicU64,
+    /// `Remapped`'s fields, summed (`Region::move_pages`).
+    pub remapped: [AtomicU64; 4],
 }
 
 pub(crate) struct Shared {

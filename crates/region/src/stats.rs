@@ -156,6 +156,10 @@ pub struct RegionStats {
     /// `RegionConfig::verify_pages`.
     #[serde(default)]
     pub checks: Checks,
+    /// Pages of large blocks moved to a new address (`Region::move_pages`: a program's
+    /// `realloc`), by what was done with each.
+    #[serde(default)]
+    pub remapped: crate::remap::Remapped,
     /// The handlers' time per step of a fault.
     #[serde(default)]
     pub handler_time: HandlerTime,

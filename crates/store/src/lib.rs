@@ -303,6 +303,44 @@ impl StoreCore {
         Ok(())
     }
 
+    /// Gives page `from`'s content to page `to`, which must be empty, without decoding it (a
+    /// program's buffer moved to another address: `realloc`, `mremap`): `from` reads as zeros
+    /// afterwards. Only a page that is one object of its own or same-filled moves; `Ok(false)`
+    /// changes nothing (the page is a member of a block, pending, on the SSD log, or `to` is
+    /// not empty), and the caller copies it instead.
+    pub fn rename(&self, from: u64, to: u64) -> Result<bool, StoreError> {
+        self.check_range(from, 1)?;
+        self.check_range(to, 1)?;
+        if from == to {
+            return Ok(false);
+        }
+        let inner = &self.inner;
+        // Locks in ascending index order, as everywhere in the store.
+        let (lo, hi) = (from.min(to) as usize, from.max(to) as usize);
+        let (st_lo, aux_lo) = inner.slots[lo].lock();
+        let (st_hi, aux_hi) = inner.slots[hi].lock();
+        let ((st, aux), dst) = if from < to {
+            ((st_lo, aux_lo), st_hi)
+        } else {
+            ((st_hi, aux_hi), st_lo)
+        };
+        let moves = dst.kind() == EMPTY && matches!(st.kind(), OBJECT | SAME);
+        if moves {
+            inner.slots[to as usize].unlock_with(st, aux);
+            inner.slots[from as usize].unlock_with(State::new(EMPTY), 0);
+            inner.note_stored(to + 1);
+            inner.counters.renamed.fetch_add(1, Ordering::Relaxed);
+            if st.kind() == OBJECT {
+                // Listed for the cold pass and the writeback under its new index.
+                inner.note_object(to, aux);
+            }
+        } else {
+            inner.slots[hi].unlock_keep(st_hi, 0);
+            inner.slots[lo].unlock_keep(st_lo, 0);
+        }
+        Ok(moves)
+    }
+
     /// Moves objects out of sparse spans and gives emptied pages back to the OS.
     pub fn compact(&self) -> zmem_pool::CompactStats {
         self.inner.pool.compact()
@@ -354,6 +392,7 @@ impl StoreCore {
             reads: c.reads.load(Ordering::Relaxed),
             writes: c.writes.load(Ordering::Relaxed),
             discards: c.discards.load(Ordering::Relaxed),
+            renamed: c.renamed.load(Ordering::Relaxed),
             decompress_nanos: c.decompress_nanos.load(Ordering::Relaxed),
             recompressed_pages: c.recompressed.load(Ordering::Relaxed),
             cold_after_ms: self.cold_after_ms(),

@@ -32,6 +32,9 @@ pub struct StoreStats {
     pub reads: u64,
     pub writes: u64,
     pub discards: u64,
+    /// Pages given to another index without decoding ([`StoreCore::rename`](crate::StoreCore::rename)).
+    #[serde(default)]
+    pub renamed: u64,
     /// Nanoseconds spent decoding on reads.
     pub decompress_nanos: u64,
     pub recompressed_pages: u64,
@@ -105,6 +108,7 @@ pub(crate) struct Counters {
     pub(crate) reads: AtomicU64,
     pub(crate) writes: AtomicU64,
     pub(crate) discards: AtomicU64,
+    pub(crate) renamed: AtomicU64,
     pub(crate) decompress_nanos: AtomicU64,
     pub(crate) recompressed: AtomicU64,
     /// Reads of pages stored in the cold codec (`cold::ColdAge`).

@@ -1337,3 +1337,54 @@ fn copy_page_from_copies_objects_and_refuses_the_rest() {
         "{copied} copied under a 64 KiB limit"
     );
 }
+
+#[test]
+fn rename_gives_a_page_another_index_without_decoding() {
+    let s = store(64, Policy::Fast, 1);
+    let text = content(0, 3);
+    let same = content(1, 4);
+    s.write(1, &text).unwrap();
+    s.write(2, &same).unwrap();
+    s.write(9, &content(0, 9)).unwrap();
+    let before = s.stats();
+    // An object and a same-filled page move; what they held is freed nowhere, decoded never.
+    assert!(s.rename(1, 40).unwrap());
+    assert!(s.rename(2, 0).unwrap()); // downwards too (locks in index order)
+    let after = s.stats();
+    assert_eq!(after.renamed, 2);
+    assert_eq!(after.decompress_nanos, before.decompress_nanos);
+    assert_eq!(after.reads, before.reads);
+    assert_eq!(after.orig_data_size, before.orig_data_size);
+    assert_eq!(after.compr_data_size, before.compr_data_size);
+    assert_eq!(read_page(&s, 40), text);
+    assert_eq!(read_page(&s, 0), same);
+    assert_eq!(read_page(&s, 1), vec![0u8; PS]);
+    assert_eq!(read_page(&s, 2), vec![0u8; PS]);
+    // Nothing changes where the target holds a page, the source holds nothing, or both are one.
+    assert!(!s.rename(40, 9).unwrap());
+    assert!(!s.rename(5, 6).unwrap());
+    assert!(!s.rename(9, 9).unwrap());
+    assert_eq!(read_page(&s, 40), text);
+    assert_eq!(read_page(&s, 9), content(0, 9));
+    // A member of a block is not moved alone: its block's other members share the object.
+    write_group_owned(&s, &[20, 21], &[content(0, 20), content(0, 21)]).unwrap();
+    assert!(!s.rename(20, 30).unwrap());
+    assert_eq!(read_page(&s, 20), content(0, 20));
+    assert_eq!(read_page(&s, 30), vec![0u8; PS]);
+    // Out of range is an error and changes nothing.
+    assert!(matches!(
+        s.rename(64, 3),
+        Err(StoreError::OutOfRange { index: 64, .. })
+    ));
+    assert!(matches!(
+        s.rename(40, u64::MAX),
+        Err(StoreError::OutOfRange { .. })
+    ));
+    assert_eq!(read_page(&s, 40), text);
+    assert_eq!(s.stats().renamed, 2);
+    // The renamed page is a page like any other: rewritten and discarded at its new index.
+    s.write(40, &content(0, 41)).unwrap();
+    assert_eq!(read_page(&s, 40), content(0, 41));
+    s.discard(0).unwrap();
+    assert_eq!(read_page(&s, 0), vec![0u8; PS]);
+}

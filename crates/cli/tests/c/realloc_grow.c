@@ -1,0 +1,89 @@
+/* realloc_grow: grows two buffers by realloc, as programs that read input of unknown size or
+ * append to a list do (CPython's list, jq's strings, a file slurped in chunks): buffer A
+ * doubles to MIB megabytes, buffer B grows by 1.25x steps to MIB/2, their growths interleaved,
+ * every byte written once and checked after every realloc (a sample) and at the end (all).
+ * Then A shrinks to a quarter and grows back, and both are freed. Exits 1 with a message on
+ * any mismatch; prints "ok ..." on success.
+ *
+ * Usage: realloc_grow MIB */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline unsigned char expect(int buf, size_t i) {
+    uint64_t x = (uint64_t)i / 8 * 0x9e3779b97f4a7c15ull + (uint64_t)buf * 77;
+    /* Half of each page compressible text, half numbers: some pages stay resident, some go. */
+    if ((i >> 11) & 1) return (unsigned char)("grow the buffer, keep every byte "[i % 33]);
+    return (unsigned char)(x >> (8 * (i % 8)));
+}
+
+struct buf {
+    int id;
+    unsigned char *p;
+    size_t len, cap;
+};
+
+static void check_range(struct buf *b, size_t from, size_t to, const char *when) {
+    for (size_t i = from; i < to; i++) {
+        if (b->p[i] != expect(b->id, i)) {
+            fprintf(stderr, "realloc_grow: MISMATCH in buffer %d at byte %zu of %zu (%s): got 0x%02x want 0x%02x\n",
+                    b->id, i, b->len, when, b->p[i], expect(b->id, i));
+            exit(1);
+        }
+    }
+}
+
+static void grow(struct buf *b, size_t cap) {
+    unsigned char *q = realloc(b->p, cap);
+    if (!q) {
+        fprintf(stderr, "realloc_grow: realloc to %zu failed\n", cap);
+        exit(1);
+    }
+    b->p = q;
+    b->cap = cap;
+    /* A sample of what was kept: first and last pages, and every 61st page. */
+    size_t pages = b->len / 4096;
+    for (size_t pg = 0; pg < pages; pg++)
+        if (pg < 2 || pg + 2 >= pages || pg % 61 == 0)
+            check_range(b, pg * 4096, (pg + 1) * 4096, "after realloc");
+}
+
+static void append(struct buf *b, size_t n) {
+    for (size_t i = b->len; i < b->len + n; i++) b->p[i] = expect(b->id, i);
+    b->len += n;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s MIB\n", argv[0]);
+        return 2;
+    }
+    size_t total = (size_t)atol(argv[1]) << 20;
+    struct buf a = {1, NULL, 0, 0}, b = {2, NULL, 0, 0};
+    grow(&a, 1 << 12);
+    grow(&b, 1 << 12);
+    size_t reallocs = 0;
+    while (a.len < total || b.len < total / 2) {
+        if (a.len < total) {
+            if (a.len + 4096 > a.cap) { grow(&a, a.cap * 2); reallocs++; }
+            append(&a, 4096);
+        }
+        if (b.len < total / 2) {
+            if (b.len + 4096 > b.cap) { grow(&b, b.cap + b.cap / 4 + 4096); reallocs++; }
+            append(&b, 4096);
+        }
+    }
+    check_range(&a, 0, a.len, "at the end");
+    check_range(&b, 0, b.len, "at the end");
+    /* Shrink to a quarter, grow back: the kept quarter survives, the rest is written again. */
+    a.len /= 4;
+    grow(&a, a.len);
+    grow(&a, total);
+    append(&a, total - a.len);
+    check_range(&a, 0, a.len, "after shrinking and growing");
+    free(a.p);
+    free(b.p);
+    printf("ok %zu reallocs, %zu MiB\n", reallocs, total >> 20);
+    return 0;
+}
