@@ -1074,6 +1074,10 @@ fn programs_own_mappings_are_tiered() {
                 "the mappings' data did not leave DRAM: {z}"
             );
             assert!(num(z, "major_faults") > 1000, "{z}");
+            // Mappings grown where the next range was taken moved their pages, not copies.
+            let moved = &z["region"]["remapped"];
+            let pages = |k: &str| moved[k].as_u64().unwrap_or(0);
+            assert!(pages("mapped") + pages("stored") > 0, "{moved}");
         }
     }
 }

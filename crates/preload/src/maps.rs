@@ -19,8 +19,9 @@
 //!   (`MAP_FIXED`) takes that range from zmem for good (`foreign`): the kernel's UNMAP event
 //!   tells the region, and the range is never handed out again.
 //! - `mremap` of map-space memory is done here: shrink in place, grow in place when the next
-//!   range is free, else move by copying (the kernel's mremap would take the pages out of the
-//!   region, which cannot follow them). The result is read-write.
+//!   range is free, else move the pages with the region (`Region::move_pages`; the kernel's
+//!   mremap would take them out of the region, which cannot follow them). The result is
+//!   read-write.
 //! - `MADV_FREE` becomes `MADV_DONTNEED` (lazily freed pages that may come back would be
 //!   invisible to the region's accounting).
 //! - `mprotect` back to writable releases pages the region had to hold in DRAM because the
@@ -543,10 +544,22 @@ unsafe fn remap(
             }
         }
     };
-    // Readable whatever its protection was, then copied: the region cannot follow the kernel's
-    // page moves.
+    // Readable whatever its protection was, then moved by the region (resident pages to the
+    // new address, compressed ones to their new index; `Region::move_pages`) where the new
+    // range is the region's too, else copied: the region cannot follow the kernel's page moves.
     sys::mprotect(a, old_r, rw);
-    std::ptr::copy_nonoverlapping(a as *const u8, dest as *mut u8, old_r.min(new_r));
+    let keep = old_r.min(new_r);
+    let moved = dest >= start
+        && dest + keep <= end
+        && crate::runtime::runtime().is_some_and(|rt| {
+            let base = rt.region.as_ptr() as usize;
+            // SAFETY: both ranges are the program's mapping being remapped, which no other
+            // thread may use meanwhile (as with the kernel's mremap); they do not overlap.
+            unsafe { rt.region.move_pages(dest - base, a - base, keep) }.is_ok()
+        });
+    if !moved {
+        std::ptr::copy_nonoverlapping(a as *const u8, dest as *mut u8, keep);
+    }
     if dontunmap {
         zap(a, old_r);
     } else {
