@@ -45,6 +45,7 @@ fn help_lists_the_flags() {
         "--timeout",
         "sqlite",
         "python",
+        "pylist",
     ] {
         assert!(s.contains(opt), "help lacks {opt}: {s}");
     }

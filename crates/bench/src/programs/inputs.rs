@@ -39,7 +39,7 @@ pub fn locate(p: Program) -> Option<PathBuf> {
     let found = std::env::split_paths(&path)
         .map(|d| d.join(p.binary()))
         .find(|f| is_executable(f))?;
-    if p != Program::Python {
+    if !matches!(p, Program::Python | Program::Pylist) {
         return Some(found);
     }
     let out = Command::new(&found)
@@ -155,6 +155,15 @@ pub fn prepare(p: Program, bin: &Path, dir: &Path, scale: f64) -> anyhow::Result
                 &file("dicts.py"),
                 PYTHON_SCRIPT,
                 scaled(250_000.0, scale),
+            )?
+        }
+        Program::Pylist => {
+            env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+            script(
+                bin_s,
+                &file("list.py"),
+                PYLIST_SCRIPT,
+                scaled(12_000_000.0, scale),
             )?
         }
         Program::Perl => {
@@ -395,6 +404,15 @@ for my $k (sort keys %g) { my $s = 0; $s += $_ for @{ $g{$k} }; print "$k ", sca
 
 /// node: `n` objects in a Map and an array (V8's heap: node maps it itself), walked, grouped
 /// and sorted.
+/// Small ints are shared objects: only the list's array of pointers grows (by realloc).
+const PYLIST_SCRIPT: &str = r#"import sys
+n = int(sys.argv[1])
+l = []
+for i in range(n):
+    l.append(i & 255)
+print(len(l), sum(l), l[n // 3], l[-1])
+"#;
+
 const NODE_SCRIPT: &str = r#"const n = parseInt(process.argv[2], 10);
 const m = new Map();
 const all = [];

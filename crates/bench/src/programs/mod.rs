@@ -1,5 +1,5 @@
 //! `zmem bench programs`: the thrashing comparison (issue 10 item 6). Real programs (sqlite3 on
-//! an in-memory database, sort, jq, xz, gcc, python3, perl, node, rustc) run three ways at the
+//! an in-memory database, sort, jq, xz, gcc, python3 twice, perl, node, rustc) run three ways at the
 //! same DRAM: plain (no limit, the reference), under `zmem run --resident B` (their malloc heap
 //! compressed in user space) and under the kernel (a cgroup v1 memory cgroup limited to B with
 //! /dev/zram0 as lz4 swap). Every output must be byte-identical to the plain run's; wall time,
@@ -55,6 +55,9 @@ pub enum Program {
     Gcc,
     /// python3 building and grouping a dict of ~250k entries (its own allocator, pymalloc).
     Python,
+    /// python3 appending ~12M entries to one list: its array of pointers (96 MB) grows by
+    /// realloc, which glibc answers with mremap and zmem by moving the block's pages.
+    Pylist,
     /// perl building, sorting and grouping a hash of ~300k records.
     Perl,
     /// node building, grouping and sorting ~400k objects (V8's heap, which node maps itself).
@@ -65,13 +68,14 @@ pub enum Program {
 }
 
 /// Every program, in the order of the report.
-pub const ALL: [Program; 9] = [
+pub const ALL: [Program; 10] = [
     Program::Sqlite,
     Program::Sort,
     Program::Jq,
     Program::Xz,
     Program::Gcc,
     Program::Python,
+    Program::Pylist,
     Program::Perl,
     Program::Node,
     Program::Rustc,
@@ -86,6 +90,7 @@ impl Program {
             Program::Xz => "xz",
             Program::Gcc => "gcc",
             Program::Python => "python",
+            Program::Pylist => "pylist",
             Program::Perl => "perl",
             Program::Node => "node",
             Program::Rustc => "rustc",
@@ -100,7 +105,7 @@ impl Program {
             Program::Jq => "jq",
             Program::Xz => "xz",
             Program::Gcc => "gcc",
-            Program::Python => "python3",
+            Program::Python | Program::Pylist => "python3",
             Program::Perl => "perl",
             Program::Node => "node",
             Program::Rustc => "rustc",
@@ -115,7 +120,7 @@ impl Program {
             Program::Jq => "jq",
             Program::Xz => "xz-utils",
             Program::Gcc => "gcc",
-            Program::Python => "python3",
+            Program::Python | Program::Pylist => "python3",
             Program::Perl => "perl",
             Program::Node => "nodejs",
             Program::Rustc => "rustc",
