@@ -1572,18 +1572,19 @@ fn fork_and_exec() {
     eprintln!("fork_and_exec: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
-/// Two buffers grown by realloc to 96 and 48 MiB through a 16 MiB budget, on both fault
-/// routes: every byte survives every realloc, and the grown blocks' pages were moved (resident
-/// pages to their new address, compressed ones to their new index), not copied through the
-/// budget.
+/// Two buffers grown by realloc to 96 and 48 MiB through a 16 MiB budget, then blocks of 96
+/// MiB calloc'd over the freed memory, on both fault routes: every byte survives every realloc,
+/// the grown blocks' pages were moved (resident pages to their new address, compressed ones to
+/// their new index), not copied through the budget, and every calloc'd byte reads zero though
+/// most of those pages were only forgotten, never written.
 #[test]
-fn realloc_of_large_blocks_moves_their_pages() {
+fn large_blocks_move_on_realloc_and_are_zeroed_on_calloc() {
     if !ready() {
         return;
     }
     let _g = heavy();
     let dir = tmpdir();
-    let prog = compile("realloc_grow", dir.path(), &[]);
+    let prog = compile("large_blocks", dir.path(), &[]);
     for route in ["signal", "handler"] {
         let stats = dir.path().join(format!("stats-{route}.json"));
         let mut cmd = zmem_cmd(&[
@@ -1595,11 +1596,11 @@ fn realloc_of_large_blocks_moves_their_pages() {
             "--stats",
         ]);
         cmd.arg(&stats).arg("--").arg(&prog).arg("96");
-        let out = run_to_end(cmd, dir.path(), "realloc_grow", Duration::from_secs(120));
+        let out = run_to_end(cmd, dir.path(), "large_blocks", Duration::from_secs(120));
         assert_eq!(
             out.code,
             Some(0),
-            "realloc_grow ({route}) failed\nstdout: {}\nstderr: {}",
+            "large_blocks ({route}) failed\nstdout: {}\nstderr: {}",
             out.stdout,
             tail(&out.stderr)
         );
@@ -1620,6 +1621,17 @@ fn realloc_of_large_blocks_moves_their_pages() {
             "{route}: most pages move: {moved}"
         );
         assert_eq!(num(z, "renamed"), count("stored"), "{route}: {z}");
+        let zeroed = &z["region"]["zeroed"];
+        let pages = |k: &str| {
+            zeroed[k]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{k} in {zeroed}"))
+        };
+        // 3 x 96 MiB calloc'd: most pages held nothing or were stored (never written).
+        assert!(
+            pages("absent") + pages("dropped") > 3 * pages("written"),
+            "{route}: {zeroed}"
+        );
         assert!(num(z, "evictions") > 0, "{z}");
     }
 }

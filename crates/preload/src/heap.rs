@@ -392,6 +392,13 @@ pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mu
 /// `align` is a power of two.
 #[inline]
 unsafe fn program_alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
+    if zero && size >= LARGE_MIN {
+        let p = program_alloc(size, align, false);
+        if !p.is_null() {
+            zero_large(p);
+        }
+        return p;
+    }
     inside_mimalloc(|| match (natural(align, size), zero) {
         (true, false) => mi::mi_malloc(size),
         (true, true) => mi::mi_zalloc(size),
@@ -494,7 +501,7 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
             return q;
         }
     }
-    if size > MOVE_MIN && natural(align, size) && in_program_heap(p) {
+    if size > LARGE_MIN && natural(align, size) && in_program_heap(p) {
         if let Some(q) = grow_by_moving(p, size) {
             return q;
         }
@@ -527,11 +534,39 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
     }
 }
 
-/// Blocks from this size on grow by moving their pages (see [`grow_by_moving`]): below it a
-/// copy costs less than the region's bookkeeping.
-pub const MOVE_MIN: usize = 64 << 10;
+/// Blocks from this size on grow by moving their pages ([`grow_by_moving`]) and are zeroed
+/// page by page as the region sees fit ([`zero_large`]): below it a copy or a memset costs
+/// less than the region's bookkeeping.
+pub const LARGE_MIN: usize = 64 << 10;
 
-/// Grows a program-heap block of at least [`MOVE_MIN`] bytes into a new one by moving its
+/// Zeroes a new program-heap block of at least [`LARGE_MIN`] bytes (all of its usable size)
+/// for calloc. mimalloc writes zeros over every page of a block it reuses; through a small
+/// budget each page was then faulted in and evicted again (4 callocs of 512 MiB at
+/// `--resident 16M`: 2.0 s, 390k evictions, where glibc's calloc gets fresh zero pages from
+/// mmap). The region leaves alone the pages that hold nothing and forgets the stored ones
+/// (`Region::zero_pages`); only the mapped ones, and the bytes before and after the whole
+/// pages, are written.
+unsafe fn zero_large(p: *mut c_void) {
+    let len = mi::mi_usable_size(p);
+    let page = zmem_os::PAGE_SIZE;
+    let at = p as usize;
+    let head = ((page - at % page) % page).min(len);
+    let whole = (len - head) / page * page;
+    std::ptr::write_bytes(p as *mut u8, 0, head);
+    let done = whole > 0
+        && crate::runtime::runtime().is_some_and(|rt| {
+            // SAFETY: whole pages of a block not handed out yet, inside the region.
+            unsafe {
+                rt.region
+                    .zero_pages(at + head - rt.region.as_ptr() as usize, whole)
+            }
+            .is_ok()
+        });
+    let from = if done { head + whole } else { head };
+    std::ptr::write_bytes((at + from) as *mut u8, 0, len - from);
+}
+
+/// Grows a program-heap block of at least [`LARGE_MIN`] bytes into a new one by moving its
 /// pages (`Region::move_pages`: a resident page changes address, a compressed one changes
 /// index), where mimalloc copies every byte: through a small budget each page of the old block
 /// was faulted back and each page of the new one written and evicted again (a Python list
@@ -540,7 +575,7 @@ pub const MOVE_MIN: usize = 64 << 10;
 /// place) or no new block could be had (mimalloc's path then tries, growing the heap).
 unsafe fn grow_by_moving(p: *mut c_void, size: usize) -> Option<*mut c_void> {
     let old = mi::mi_usable_size(p);
-    if size <= old || old < MOVE_MIN {
+    if size <= old || old < LARGE_MIN {
         return None;
     }
     let rt = crate::runtime::runtime()?;

@@ -36,6 +36,7 @@ mod syscalls;
 mod trace;
 mod uffd;
 mod verify;
+mod zero;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -74,6 +75,7 @@ pub mod userfaultfd {
 pub use policy::Eviction;
 pub use remap::Remapped;
 pub use stats::{Checks, HandlerTime, Latency, RegionStats};
+pub use zero::Zeroed;
 
 /// A range of memory that tiers itself. Use [`Region::as_ptr`] ..`+len()` as plain memory from
 /// any thread. Dropping it stops its threads, unmaps the range and frees every compressed page.
@@ -487,6 +489,7 @@ impl Region {
                 moved_unreported: c.moved_unreported.load(Relaxed),
             },
             remapped: Remapped::load(&c.remapped),
+            zeroed: Zeroed::load(&c.zeroed),
             colocations: sh.colocation.pins(),
             fault_latency,
             handler_time: HandlerTime {
@@ -669,6 +672,32 @@ impl Region {
             });
         }
         Ok(self.shared().move_pages(dst as usize, src as usize, pages))
+    }
+
+    /// Makes the whole pages of `[offset, offset + len)` read as zeros (a program's `calloc` of
+    /// a reused block): a page that holds nothing is left alone, a stored one is forgotten
+    /// (nothing is read back), and only pages mapped now or in flight are written (see
+    /// `zero`). In a forked child every page is written.
+    ///
+    /// # Safety
+    /// No other thread reads or writes the range during the call.
+    pub unsafe fn zero_pages(&self, offset: usize, len: usize) -> Result<Zeroed, RegionError> {
+        if offset % PAGE != 0 || len % PAGE != 0 {
+            return Err(RegionError::Config(format!(
+                "zero_pages needs whole pages (offset {offset:#x}, {len} bytes)"
+            )));
+        }
+        let (first, _) = self.page_range("zero_pages", offset, len)?;
+        let pages = len / PAGE;
+        if !self.in_creator() {
+            // SAFETY: inside the region (checked) and the caller's alone.
+            unsafe { std::ptr::write_bytes(self.base.wrapping_add(offset) as *mut u8, 0, len) };
+            return Ok(Zeroed {
+                written: pages as u64,
+                ..Zeroed::default()
+            });
+        }
+        Ok(self.shared().zero_pages(first as usize, pages))
     }
 
     /// Pages of `[offset, offset + len)` that the kernel refused to move out (their protection

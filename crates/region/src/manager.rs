@@ -433,6 +433,8 @@ pub(crate) struct Counters {
     pub moved_unreported: AtomicU64,
     /// `Remapped`'s fields, summed (`Region::move_pages`).
     pub remapped: [AtomicU64; 4],
+    /// `Zeroed`'s fields, summed (`Region::zero_pages`).
+    pub zeroed: [AtomicU64; 3],
 }
 
 pub(crate) struct Shared {

@@ -160,6 +160,10 @@ pub struct RegionStats {
     /// `realloc`), by what was done with each.
     #[serde(default)]
     pub remapped: crate::remap::Remapped,
+    /// Pages of large blocks made to read as zeros (`Region::zero_pages`: a program's
+    /// `calloc`), by what was done with each.
+    #[serde(default)]
+    pub zeroed: crate::zero::Zeroed,
     /// The handlers' time per step of a fault.
     #[serde(default)]
     pub handler_time: HandlerTime,

@@ -1,7 +1,8 @@
-//! `Region::move_pages`: a large buffer given to another address (a program's `realloc`)
-//! keeps every byte, whatever state each page was in, moves resident and stored pages instead
-//! of copying them, and leaves the old range reading as zeros. Each test skips (with the
-//! reason) where /dev/userfaultfd cannot be opened.
+//! Large blocks. `Region::move_pages`: a buffer given to another address (a program's
+//! `realloc`) keeps every byte, whatever state each page was in, moves resident and stored
+//! pages instead of copying them, and leaves the old range reading as zeros. `zero_pages`
+//! (`calloc`): a reused block reads as zeros, its stored pages dropped unread. Each test skips
+//! (with the reason) where /dev/userfaultfd cannot be opened.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -228,4 +229,58 @@ fn bad_ranges_are_refused_and_change_nothing() {
     bad(8 * PAGE, usize::MAX - PAGE + 1, PAGE);
     check(page_mut(&r, 0), 0, 1);
     assert_eq!(r.stats().remapped, Default::default());
+}
+
+#[test]
+fn zeroed_pages_read_zero_and_stored_ones_are_dropped_unread() {
+    let Some(r) = small_region(true) else {
+        return;
+    };
+    let n = 2048;
+    // A block reused with old data in it: mostly evicted, its end resident, some never used.
+    for k in 0..n {
+        write_page(&r, k, k, 5);
+    }
+    for k in n - 200..n {
+        check_page(&r, k, k, 5);
+    }
+    let before = r.stats();
+    // SAFETY: this thread alone uses the range.
+    let z = unsafe { r.zero_pages(0, n * PAGE) }.unwrap();
+    let after = r.stats();
+    assert_eq!(z.absent + z.dropped + z.written, n as u64, "{z:?}");
+    assert!(z.dropped > 1000, "most pages were stored: {z:?}");
+    assert!(z.written >= 100 && z.written < 600, "{z:?}");
+    assert_eq!(after.zeroed, z);
+    // Nothing was read back, and the store let the dropped pages go.
+    let reads = after.store.reads - before.store.reads;
+    assert!(reads <= 64 * z.written, "{reads} pages read back: {z:?}");
+    assert!(
+        after.store.orig_data_size + z.dropped * PAGE as u64 / 2 <= before.store.orig_data_size,
+        "{:?} -> {:?}",
+        before.store,
+        after.store
+    );
+    for k in 0..n {
+        assert!(page_mut(&r, k).iter().all(|&b| b == 0), "page {k} not zero");
+    }
+    // The pages are used again like any other.
+    for k in 0..n {
+        write_page(&r, k, k, 6);
+    }
+    for k in 0..n {
+        check_page(&r, k, k, 6);
+    }
+    assert_eq!(r.stats().checks.mismatches, 0);
+    // Bad input: not whole pages, outside the region.
+    // SAFETY: refused before anything is written.
+    unsafe {
+        assert!(matches!(r.zero_pages(1, PAGE), Err(RegionError::Config(_))));
+        assert!(matches!(
+            r.zero_pages(0, PAGE + 1),
+            Err(RegionError::Config(_))
+        ));
+        assert!(r.zero_pages(r.len() - PAGE, 2 * PAGE).is_err());
+    }
+    check_page(&r, 0, 0, 6);
 }

@@ -1,11 +1,13 @@
-/* realloc_grow: grows two buffers by realloc, as programs that read input of unknown size or
+/* large_blocks: grows two buffers by realloc, as programs that read input of unknown size or
  * append to a list do (CPython's list, jq's strings, a file slurped in chunks): buffer A
  * doubles to MIB megabytes, buffer B grows by 1.25x steps to MIB/2, their growths interleaved,
  * every byte written once and checked after every realloc (a sample) and at the end (all).
- * Then A shrinks to a quarter and grows back, and both are freed. Exits 1 with a message on
- * any mismatch; prints "ok ..." on success.
+ * Then A shrinks to a quarter and grows back, and both are freed. Then three rounds of calloc
+ * of MIB megabytes (memory just freed, with old data in it): every byte must be zero, and a
+ * quarter of the block is written before it is freed again. Exits 1 with a message on any mismatch; prints "ok ..." on
+ * success.
  *
- * Usage: realloc_grow MIB */
+ * Usage: large_blocks MIB */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +29,7 @@ struct buf {
 static void check_range(struct buf *b, size_t from, size_t to, const char *when) {
     for (size_t i = from; i < to; i++) {
         if (b->p[i] != expect(b->id, i)) {
-            fprintf(stderr, "realloc_grow: MISMATCH in buffer %d at byte %zu of %zu (%s): got 0x%02x want 0x%02x\n",
+            fprintf(stderr, "large_blocks: MISMATCH in buffer %d at byte %zu of %zu (%s): got 0x%02x want 0x%02x\n",
                     b->id, i, b->len, when, b->p[i], expect(b->id, i));
             exit(1);
         }
@@ -37,7 +39,7 @@ static void check_range(struct buf *b, size_t from, size_t to, const char *when)
 static void grow(struct buf *b, size_t cap) {
     unsigned char *q = realloc(b->p, cap);
     if (!q) {
-        fprintf(stderr, "realloc_grow: realloc to %zu failed\n", cap);
+        fprintf(stderr, "large_blocks: realloc to %zu failed\n", cap);
         exit(1);
     }
     b->p = q;
@@ -84,6 +86,24 @@ int main(int argc, char **argv) {
     check_range(&a, 0, a.len, "after shrinking and growing");
     free(a.p);
     free(b.p);
+    for (int round = 0; round < 3; round++) {
+        unsigned char *z = calloc(total, 1);
+        if (!z) {
+            fprintf(stderr, "large_blocks: calloc of %zu failed\n", total);
+            exit(1);
+        }
+        for (size_t i = 0; i < total; i++) {
+            if (z[i]) {
+                fprintf(stderr, "large_blocks: MISMATCH calloc round %d byte %zu is 0x%02x\n", round, i, z[i]);
+                exit(1);
+            }
+        }
+        /* A quarter written: the next round's block holds old data there. */
+        struct buf c = {3 + round, z, 0, total};
+        append(&c, total / 4);
+        check_range(&c, 0, total / 4, "calloc'd block");
+        free(z);
+    }
     printf("ok %zu reallocs, %zu MiB\n", reallocs, total >> 20);
     return 0;
 }
