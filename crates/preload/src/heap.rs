@@ -501,8 +501,8 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
             return q;
         }
     }
-    if size > LARGE_MIN && natural(align, size) && in_program_heap(p) {
-        if let Some(q) = grow_by_moving(p, size) {
+    if size >= LARGE_MIN && natural(align, size) && in_program_heap(p) {
+        if let Some(q) = resize_by_moving(p, size) {
             return q;
         }
     }
@@ -534,7 +534,7 @@ pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void 
     }
 }
 
-/// Blocks from this size on grow by moving their pages ([`grow_by_moving`]) and are zeroed
+/// Blocks from this size on are resized by moving their pages ([`resize_by_moving`]) and are zeroed
 /// page by page as the region sees fit ([`zero_large`]): below it a copy or a memset costs
 /// less than the region's bookkeeping.
 pub const LARGE_MIN: usize = 64 << 10;
@@ -566,16 +566,24 @@ unsafe fn zero_large(p: *mut c_void) {
     std::ptr::write_bytes((at + from) as *mut u8, 0, len - from);
 }
 
-/// Grows a program-heap block of at least [`LARGE_MIN`] bytes into a new one by moving its
-/// pages (`Region::move_pages`: a resident page changes address, a compressed one changes
-/// index), where mimalloc copies every byte: through a small budget each page of the old block
-/// was faulted back and each page of the new one written and evicted again (a Python list
-/// growing to 12M entries at `--resident 32M`: 2.7 s against 0.7 s plain, whose glibc moves
-/// such a block with mremap). None when the block does not grow (mimalloc resizes it in
-/// place) or no new block could be had (mimalloc's path then tries, growing the heap).
-unsafe fn grow_by_moving(p: *mut c_void, size: usize) -> Option<*mut c_void> {
+/// Resizes a program-heap block by moving its pages into a new block where mimalloc would copy
+/// it: a block that grows, or shrinks below half its size, keeping at least [`LARGE_MIN`]
+/// bytes (`Region::move_pages`: a resident page changes address, a compressed one changes
+/// index). Through a small budget mimalloc's copy faulted back each page of the old block and
+/// wrote and later evicted each page of the new one (a Python list growing to 12M entries at
+/// `--resident 32M`: 2.7 s against 0.7 s plain, whose glibc moves such a block with mremap).
+/// None where mimalloc resizes the block in place, or no new block could be had (mimalloc's
+/// path then tries, growing the heap).
+unsafe fn resize_by_moving(p: *mut c_void, size: usize) -> Option<*mut c_void> {
     let old = mi::mi_usable_size(p);
-    if size <= old || old < LARGE_MIN {
+    let keep = if size > old {
+        old
+    } else if size < old / 2 {
+        size
+    } else {
+        return None;
+    };
+    if keep < LARGE_MIN {
         return None;
     }
     let rt = crate::runtime::runtime()?;
@@ -591,11 +599,11 @@ unsafe fn grow_by_moving(p: *mut c_void, size: usize) -> Option<*mut c_void> {
     // Whole pages move only between blocks at the same offset in their pages (mimalloc's
     // large blocks are page aligned); the bytes before and after them are copied.
     let head = if from % page == to % page {
-        ((page - from % page) % page).min(old)
+        ((page - from % page) % page).min(keep)
     } else {
-        old
+        keep
     };
-    let whole = (old - head) / page * page;
+    let whole = (keep - head) / page * page;
     let base = rt.region.as_ptr() as usize;
     std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, head);
     // SAFETY: both blocks are whole pages of the region held by this call alone (the program
@@ -610,7 +618,7 @@ unsafe fn grow_by_moving(p: *mut c_void, size: usize) -> Option<*mut c_void> {
     std::ptr::copy_nonoverlapping(
         (from + done) as *const u8,
         (to + done) as *mut u8,
-        old - done,
+        keep - done,
     );
     inside_mimalloc(|| mi::mi_free(p));
     Some(q)
