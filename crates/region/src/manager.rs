@@ -196,6 +196,15 @@ impl SpaceInner {
         }
     }
 
+    /// The victims of eviction batches not settled yet, sorted into `out` (for binary search
+    /// while the lock is held): a page among them has a store entry its batch still writes or
+    /// discards, so bulk operations (`remap`, `zero`) leave its store entry alone.
+    pub fn unsettled_sorted(&self, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend_from_slice(&self.unsettled);
+        out.sort_unstable();
+    }
+
     pub fn is_pinned(&self, page: u32) -> bool {
         self.pinned.iter().any(|&(a, b)| (a..b).contains(&page))
     }

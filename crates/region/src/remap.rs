@@ -66,9 +66,7 @@ impl Shared {
                 // A victim of a batch not settled yet (at either address) has a store entry
                 // that batch still writes or discards: a page renamed into one was lost that
                 // way (the batch wrote the old victim's page over it, then discarded it).
-                unsettled.clear();
-                unsettled.extend_from_slice(&inner.unsettled);
-                unsettled.sort_unstable();
+                inner.unsettled_sorted(&mut unsettled);
                 let free = |inner: &SpaceInner, k: usize| {
                     let (si, di) = (src + k, dst + k);
                     !deferred

@@ -56,9 +56,7 @@ impl Shared {
                 let mut inner = s.inner.lock();
                 // A victim of a batch not settled yet has a store entry that batch still
                 // writes or discards (see `remap`): written with zeros like a mapped page.
-                unsettled.clear();
-                unsettled.extend_from_slice(&inner.unsettled);
-                unsettled.sort_unstable();
+                inner.unsettled_sorted(&mut unsettled);
                 for k in c..end {
                     let i = first + k;
                     let settled = unsettled.binary_search(&(i as u32)).is_err();

@@ -133,6 +133,22 @@ pub fn cold_line(s: &ProcessStats) -> Option<String> {
     ))
 }
 
+/// What the process's large reallocs and callocs cost (`Region::move_pages`, `zero_pages`) in
+/// one line, or None where it made none.
+pub fn large_blocks_line(s: &ProcessStats) -> Option<String> {
+    let (m, z) = (&s.region.remapped, &s.region.zeroed);
+    let moved = m.mapped + m.stored + m.zero + m.copied;
+    let zeroed = z.absent + z.dropped + z.written;
+    if moved + zeroed == 0 {
+        return None;
+    }
+    Some(format!(
+        "zmem: large blocks: {moved} pages resized ({} moved mapped, {} moved compressed, {} \
+         copied), {zeroed} pages calloc'd ({} written, {} compressed ones dropped)\n",
+        m.mapped, m.stored, m.copied, z.written, z.dropped
+    ))
+}
+
 /// The SSD tier of a process in one line (zram's bd_stat and the log's own counters), or None
 /// without one.
 pub fn ssd_line(s: &ProcessStats) -> Option<String> {
@@ -197,7 +213,10 @@ pub fn summary(name: &str, r: &RunReport) -> String {
         human(r.peak_dram),
         r.peak_data as f64 / r.peak_dram.max(1) as f64
     );
-    for l in [cold_line(s), ssd_line(s)].into_iter().flatten() {
+    for l in [cold_line(s), large_blocks_line(s), ssd_line(s)]
+        .into_iter()
+        .flatten()
+    {
         out += &l;
     }
     if s.store_refused() > 0 {
@@ -262,6 +281,28 @@ mod tests {
             "{line}"
         );
         assert!(table(&[&p]).contains(&line));
+    }
+
+    #[test]
+    fn large_blocks_have_a_line_only_where_there_were_some() {
+        let mut p = ProcessStats::default();
+        assert_eq!(large_blocks_line(&p), None);
+        p.region.remapped.mapped = 10;
+        p.region.remapped.stored = 90;
+        p.region.remapped.zero = 3;
+        p.region.remapped.copied = 2;
+        assert_eq!(
+            large_blocks_line(&p).unwrap(),
+            "zmem: large blocks: 105 pages resized (10 moved mapped, 90 moved compressed, 2 \
+             copied), 0 pages calloc'd (0 written, 0 compressed ones dropped)\n"
+        );
+        p.region.remapped = Default::default();
+        p.region.zeroed.absent = 7;
+        p.region.zeroed.dropped = 5;
+        p.region.zeroed.written = 1;
+        assert!(large_blocks_line(&p)
+            .unwrap()
+            .contains("13 pages calloc'd (1 written, 5 compressed ones dropped)"));
     }
 
     #[test]
