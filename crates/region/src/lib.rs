@@ -490,6 +490,7 @@ impl Region {
             },
             remapped: Remapped::load(&c.remapped),
             zeroed: Zeroed::load(&c.zeroed),
+            freed_stored: c.freed_stored.load(Relaxed),
             colocations: sh.colocation.pins(),
             fault_latency,
             handler_time: HandlerTime {
@@ -698,6 +699,27 @@ impl Region {
             });
         }
         Ok(self.shared().zero_pages(first as usize, pages))
+    }
+
+    /// The program no longer needs the content of the whole pages of `[offset, offset + len)`
+    /// (it freed a large block): the stored ones are forgotten now, their compressed copies
+    /// freed; mapped ones stay, for the allocator to reuse or purge. Returns how many were
+    /// forgotten; 0 in a forked child.
+    ///
+    /// # Safety
+    /// No other thread reads or writes the range during the call, and its content is not read
+    /// afterwards before it is written (a stored page reads as zeros from now on).
+    pub unsafe fn drop_stored(&self, offset: usize, len: usize) -> Result<u64, RegionError> {
+        if offset % PAGE != 0 || len % PAGE != 0 {
+            return Err(RegionError::Config(format!(
+                "drop_stored needs whole pages (offset {offset:#x}, {len} bytes)"
+            )));
+        }
+        let (first, _) = self.page_range("drop_stored", offset, len)?;
+        if !self.in_creator() {
+            return Ok(0);
+        }
+        Ok(self.shared().drop_stored(first as usize, len / PAGE))
     }
 
     /// Pages of `[offset, offset + len)` that the kernel refused to move out (their protection

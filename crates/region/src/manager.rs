@@ -444,6 +444,8 @@ pub(crate) struct Counters {
     pub remapped: [AtomicU64; 4],
     /// `Zeroed`'s fields, summed (`Region::zero_pages`).
     pub zeroed: [AtomicU64; 3],
+    /// Stored pages of large blocks forgotten when the program freed them (`Region::drop_stored`).
+    pub freed_stored: AtomicU64,
 }
 
 pub(crate) struct Shared {

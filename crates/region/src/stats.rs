@@ -164,6 +164,10 @@ pub struct RegionStats {
     /// `calloc`), by what was done with each.
     #[serde(default)]
     pub zeroed: crate::zero::Zeroed,
+    /// Stored pages of large blocks forgotten when the program freed them
+    /// (`Region::drop_stored`).
+    #[serde(default)]
+    pub freed_stored: u64,
     /// The handlers' time per step of a fault.
     #[serde(default)]
     pub handler_time: HandlerTime,

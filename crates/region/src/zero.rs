@@ -3,7 +3,10 @@
 //! new zero page) and then evicted again, where glibc's calloc of a large block gets fresh zero
 //! pages from `mmap` for nothing. The region knows better: a page that holds nothing reads as
 //! zeros already, a stored page's content is simply forgotten (its compressed copy freed), and
-//! only pages mapped now (or in flight) are written with zeros, by the calling thread.
+//! only pages mapped now (or in flight) are written with zeros, by the calling thread. A large
+//! block the program frees has its stored pages forgotten the same way (`drop_stored`): their
+//! compressed copies are garbage, and a reuse of the block before the allocator purges it would
+//! otherwise decode them.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -45,6 +48,26 @@ impl Shared {
     /// Makes `pages` pages from page `first` of the root space read as zeros; see the module's
     /// comment. The caller is the creator's process and no other thread uses the range.
     pub(crate) fn zero_pages(&self, first: usize, pages: usize) -> Zeroed {
+        let out = self.clear_pages(first, pages, true);
+        let sums = &self.counters.zeroed;
+        for (sum, n) in sums.iter().zip([out.absent, out.dropped, out.written]) {
+            sum.fetch_add(n, Relaxed);
+        }
+        out
+    }
+
+    /// Forgets the stored pages of `pages` pages from page `first` (a large block the program
+    /// freed: its compressed copies are garbage); mapped pages stay as they are, for the
+    /// allocator to reuse or purge. How many were forgotten.
+    pub(crate) fn drop_stored(&self, first: usize, pages: usize) -> u64 {
+        let dropped = self.clear_pages(first, pages, false).dropped;
+        self.counters.freed_stored.fetch_add(dropped, Relaxed);
+        dropped
+    }
+
+    /// The pages of the range: Absent ones left alone, Stored ones forgotten, and the others
+    /// written with zeros if `write_others` (else left alone too).
+    fn clear_pages(&self, first: usize, pages: usize, write_others: bool) -> Zeroed {
         let s = &self.root;
         let mut out = Zeroed::default();
         let mut write = Vec::with_capacity(CHUNK);
@@ -66,7 +89,8 @@ impl Shared {
                             inner.forget(&**s.store, i, Absent);
                             out.dropped += 1;
                         }
-                        _ => write.push(k),
+                        _ if write_others => write.push(k),
+                        _ => {}
                     }
                 }
             }
@@ -76,10 +100,6 @@ impl Shared {
                 unsafe { std::ptr::write_bytes(s.page_addr(first + k) as *mut u8, 0, PAGE) };
             }
             out.written += write.len() as u64;
-        }
-        let sums = &self.counters.zeroed;
-        for (sum, n) in sums.iter().zip([out.absent, out.dropped, out.written]) {
-            sum.fetch_add(n, Relaxed);
         }
         out
     }

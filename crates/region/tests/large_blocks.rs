@@ -284,3 +284,55 @@ fn zeroed_pages_read_zero_and_stored_ones_are_dropped_unread() {
     }
     check_page(&r, 0, 0, 6);
 }
+
+#[test]
+fn a_freed_blocks_stored_pages_are_forgotten_and_its_mapped_ones_kept() {
+    let Some(r) = small_region(false) else {
+        return;
+    };
+    let n = 2048;
+    for k in 0..n {
+        write_page(&r, k, k, 8);
+    }
+    for k in n - 100..n {
+        check_page(&r, k, k, 8);
+    }
+    let before = r.stats();
+    // SAFETY: this thread alone uses the range, and reads none of it afterwards unwritten.
+    let dropped = unsafe { r.drop_stored(0, n * PAGE) }.unwrap();
+    let after = r.stats();
+    assert!(dropped > 1000, "{dropped}");
+    assert_eq!(after.freed_stored - before.freed_stored, dropped);
+    assert!(
+        after.store.orig_data_size + dropped * PAGE as u64 / 2 <= before.store.orig_data_size,
+        "{:?} -> {:?}",
+        before.store,
+        after.store
+    );
+    // Mapped pages keep their content (the allocator may hand the block out again as it is);
+    // forgotten ones read as zeros, without a read from the store.
+    let mut kept = 0;
+    for k in n - 100..n {
+        let page = page_mut(&r, k);
+        if page.iter().any(|&b| b != 0) {
+            check_page(&r, k, k, 8);
+            kept += 1;
+        }
+    }
+    assert!(kept > 0, "the resident end was dropped too");
+    assert_eq!(r.stats().store.reads, after.store.reads);
+    for k in 0..n {
+        write_page(&r, k, k, 9);
+    }
+    for k in 0..n {
+        check_page(&r, k, k, 9);
+    }
+    // SAFETY: refused before anything is dropped.
+    unsafe {
+        assert!(matches!(
+            r.drop_stored(3, PAGE),
+            Err(RegionError::Config(_))
+        ));
+        assert!(r.drop_stored(r.len(), PAGE).is_err());
+    }
+}

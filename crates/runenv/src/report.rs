@@ -139,12 +139,14 @@ pub fn large_blocks_line(s: &ProcessStats) -> Option<String> {
     let (m, z) = (&s.region.remapped, &s.region.zeroed);
     let moved = m.mapped + m.stored + m.zero + m.copied;
     let zeroed = z.absent + z.dropped + z.written;
-    if moved + zeroed == 0 {
+    let freed = s.region.freed_stored;
+    if moved + zeroed + freed == 0 {
         return None;
     }
     Some(format!(
         "zmem: large blocks: {moved} pages resized ({} moved mapped, {} moved compressed, {} \
-         copied), {zeroed} pages calloc'd ({} written, {} compressed ones dropped)\n",
+         copied), {zeroed} pages calloc'd ({} written, {} compressed ones dropped), {freed} \
+         compressed pages of freed blocks dropped\n",
         m.mapped, m.stored, m.copied, z.written, z.dropped
     ))
 }
@@ -294,7 +296,8 @@ mod tests {
         assert_eq!(
             large_blocks_line(&p).unwrap(),
             "zmem: large blocks: 105 pages resized (10 moved mapped, 90 moved compressed, 2 \
-             copied), 0 pages calloc'd (0 written, 0 compressed ones dropped)\n"
+             copied), 0 pages calloc'd (0 written, 0 compressed ones dropped), 0 compressed \
+             pages of freed blocks dropped\n"
         );
         p.region.remapped = Default::default();
         p.region.zeroed.absent = 7;
@@ -303,6 +306,11 @@ mod tests {
         assert!(large_blocks_line(&p)
             .unwrap()
             .contains("13 pages calloc'd (1 written, 5 compressed ones dropped)"));
+        p.region.zeroed = Default::default();
+        p.region.freed_stored = 42;
+        assert!(large_blocks_line(&p)
+            .unwrap()
+            .contains(", 42 compressed pages of freed blocks dropped"));
     }
 
     #[test]
