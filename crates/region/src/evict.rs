@@ -78,7 +78,9 @@ impl Shared {
         // pages: a batch delays the next fault. Measured (`bench region --size 1G --resident
         // 256M --pattern rand`, victims scattered): batches of 4 give fault p50 21.9 µs, p99
         // 55.9, 18.2 µs/access; of 8: p50 8.3, p99 112, 15.9–16.2; of 16: p50 8.3, p99 193,
-        // 16.05. Kept at 4 for the tail (issue 11's p99 target).
+        // 16.05. Kept at 4 for the tail (issue 11's p99 target). With async settling
+        // `evict_async` stages at least ASYNC_STEP (8) of them: a step moves 8 pages, one
+        // fault in eight (DESIGN-NOTES, "The fault tail again", session 37).
         let want = if self.run_pages.load(Relaxed) >= 2 {
             RUN_PAGES
         } else {
