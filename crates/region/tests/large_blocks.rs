@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use zmem_region::{Budget, Region, RegionConfig, RegionError, PAGE};
+use zmem_region::{Budget, Region, RegionConfig, RegionError, RegionStats, PAGE};
 
 mod support;
 use support::*;
@@ -49,6 +49,27 @@ fn check_page(r: &Region, at: usize, k: usize, version: u64) {
         }
         Kind::Text => check(page, k, version),
     }
+}
+
+/// A block of `n` pages with old data in it at `version`, as a reused or freed one holds:
+/// mostly evicted, its last `tail` pages read back (resident), some pages never written.
+fn old_block(r: &Region, n: usize, version: u64, tail: usize) {
+    for k in 0..n {
+        write_page(r, k, k, version);
+    }
+    for k in n - tail..n {
+        check_page(r, k, k, version);
+    }
+}
+
+/// The store let at least half of `dropped` pages' worth of data go between the two stats.
+fn store_let_go(before: &RegionStats, after: &RegionStats, dropped: u64) {
+    assert!(
+        after.store.orig_data_size + dropped * PAGE as u64 / 2 <= before.store.orig_data_size,
+        "{:?} -> {:?}",
+        before.store,
+        after.store
+    );
 }
 
 fn small_region(verify: bool) -> Option<Region> {
@@ -237,13 +258,7 @@ fn zeroed_pages_read_zero_and_stored_ones_are_dropped_unread() {
         return;
     };
     let n = 2048;
-    // A block reused with old data in it: mostly evicted, its end resident, some never used.
-    for k in 0..n {
-        write_page(&r, k, k, 5);
-    }
-    for k in n - 200..n {
-        check_page(&r, k, k, 5);
-    }
+    old_block(&r, n, 5, 200);
     let before = r.stats();
     // SAFETY: this thread alone uses the range.
     let z = unsafe { r.zero_pages(0, n * PAGE) }.unwrap();
@@ -255,12 +270,7 @@ fn zeroed_pages_read_zero_and_stored_ones_are_dropped_unread() {
     // Nothing was read back, and the store let the dropped pages go.
     let reads = after.store.reads - before.store.reads;
     assert!(reads <= 64 * z.written, "{reads} pages read back: {z:?}");
-    assert!(
-        after.store.orig_data_size + z.dropped * PAGE as u64 / 2 <= before.store.orig_data_size,
-        "{:?} -> {:?}",
-        before.store,
-        after.store
-    );
+    store_let_go(&before, &after, z.dropped);
     for k in 0..n {
         assert!(page_mut(&r, k).iter().all(|&b| b == 0), "page {k} not zero");
     }
@@ -291,24 +301,14 @@ fn a_freed_blocks_stored_pages_are_forgotten_and_its_mapped_ones_kept() {
         return;
     };
     let n = 2048;
-    for k in 0..n {
-        write_page(&r, k, k, 8);
-    }
-    for k in n - 100..n {
-        check_page(&r, k, k, 8);
-    }
+    old_block(&r, n, 8, 100);
     let before = r.stats();
     // SAFETY: this thread alone uses the range, and reads none of it afterwards unwritten.
     let dropped = unsafe { r.drop_stored(0, n * PAGE) }.unwrap();
     let after = r.stats();
     assert!(dropped > 1000, "{dropped}");
     assert_eq!(after.freed_stored - before.freed_stored, dropped);
-    assert!(
-        after.store.orig_data_size + dropped * PAGE as u64 / 2 <= before.store.orig_data_size,
-        "{:?} -> {:?}",
-        before.store,
-        after.store
-    );
+    store_let_go(&before, &after, dropped);
     // Mapped pages keep their content (the allocator may hand the block out again as it is);
     // forgotten ones read as zeros, without a read from the store.
     let mut kept = 0;
