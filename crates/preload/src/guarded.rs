@@ -10,8 +10,9 @@
 //!   cancellation points under the guard.)
 //! - `sigprocmask`, `pthread_sigmask`: never block SIGBUS or SIGSYS (a fault or a trap while
 //!   they are blocked ends the process).
-//! - `sigaction`, `signal` for SIGBUS or SIGSYS: the program's handler is kept behind zmem's
-//!   and runs for the signals that are not zmem's.
+//! - `sigaction` (and its alias `__sigaction`), `signal` (`bsd_signal`, `ssignal`),
+//!   `__sysv_signal` (`sysv_signal`), `sigset` and `sigignore` for SIGBUS or SIGSYS: the
+//!   program's handler is kept behind zmem's and runs for the signals that are not zmem's.
 //! - `sigaltstack`: every thread `pthread_create` makes gets zmem's alternate signal stack
 //!   (`guard::give_thread_signal_stack`; SIGBUS and SIGSYS are handled on it, so a stack in the
 //!   region needs no signal frame); a stack the program sets there is recorded and reported
@@ -257,20 +258,25 @@ pub unsafe extern "C" fn sigaction(
 }
 
 /// # Safety
-/// C's signal.
+/// C's `__sigaction`, the C library's exported alias of `sigaction`.
 #[no_mangle]
-pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    let new = KernelSigaction {
-        handler,
-        flags: libc::SA_RESTART as u64,
-        restorer: 0,
-        mask: 0,
-    };
-    if let Some(previous) = guard::program_handler(sig, Some(new)) {
-        return previous.handler;
-    }
-    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    let f = next(&F, c"signal");
+pub unsafe extern "C" fn __sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    sigaction(sig, act, old)
+}
+
+/// The C library's `name`, a function of the shape of `signal`, called; SIG_ERR with ENOSYS
+/// where it has none.
+unsafe fn real_signal_like(
+    cache: &AtomicPtr<c_void>,
+    name: &std::ffi::CStr,
+    sig: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    let f = next(cache, name);
     if f.is_null() {
         crate::set_errno(libc::ENOSYS);
         return libc::SIG_ERR;
@@ -279,6 +285,78 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
         *mut c_void,
         unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t,
     >(f)(sig, handler)
+}
+
+/// With the guard active and `sig` SIGBUS or SIGSYS: records `handler` (with the C library's
+/// `flags` for this entry point) as the program's and returns the one it replaces.
+fn record_handler(sig: c_int, handler: libc::sighandler_t, flags: c_int) -> Option<usize> {
+    let new = KernelSigaction {
+        handler,
+        flags: flags as u64,
+        restorer: 0,
+        mask: 0,
+    };
+    guard::program_handler(sig, Some(new)).map(|previous| previous.handler)
+}
+
+/// `sysv_signal`'s flags in the C library: the handler runs once (SA_RESETHAND), with the
+/// signal not blocked (SA_NODEFER), and interrupted calls are not restarted.
+const SYSV_FLAGS: c_int = libc::SA_RESETHAND | libc::SA_NODEFER;
+
+/// Defines a `signal`-shaped entry point of the C library (`signal`, `bsd_signal`, `ssignal`,
+/// `__sysv_signal`, `sysv_signal`): every one of them sets a disposition, so each must keep
+/// SIGBUS and SIGSYS with zmem (zstd calls `__sysv_signal(SIGBUS, ...)` at start: unwrapped,
+/// its handler replaced zmem's and the first fault on the heap ended the program).
+macro_rules! signal_like {
+    ($name:ident, $lit:literal, $flags:expr) => {
+        /// # Safety
+        /// The C library's function of this name.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            sig: c_int,
+            handler: libc::sighandler_t,
+        ) -> libc::sighandler_t {
+            if let Some(previous) = record_handler(sig, handler, $flags) {
+                return previous;
+            }
+            static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+            real_signal_like(&F, $lit, sig, handler)
+        }
+    };
+}
+
+signal_like!(signal, c"signal", libc::SA_RESTART);
+signal_like!(bsd_signal, c"bsd_signal", libc::SA_RESTART);
+signal_like!(ssignal, c"ssignal", libc::SA_RESTART);
+signal_like!(__sysv_signal, c"__sysv_signal", SYSV_FLAGS);
+signal_like!(sysv_signal, c"sysv_signal", SYSV_FLAGS);
+
+/// # Safety
+/// C's `sigset` (System V): SIG_HOLD blocks the signal, any other disposition is set and
+/// unblocks it. SIGBUS and SIGSYS are never blocked (zmem's wrappers see to it), so for them
+/// SIG_HOLD changes nothing and the previous handler is returned.
+#[no_mangle]
+pub unsafe extern "C" fn sigset(sig: c_int, disp: libc::sighandler_t) -> libc::sighandler_t {
+    const SIG_HOLD: libc::sighandler_t = 2;
+    if disp == SIG_HOLD {
+        if let Some(previous) = guard::program_handler(sig, None) {
+            return previous.handler;
+        }
+    } else if let Some(previous) = record_handler(sig, disp, 0) {
+        return previous;
+    }
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    real_signal_like(&F, c"sigset", sig, disp)
+}
+
+/// # Safety
+/// C's `sigignore` (System V): the signal's disposition becomes SIG_IGN.
+#[no_mangle]
+pub unsafe extern "C" fn sigignore(sig: c_int) -> c_int {
+    if record_handler(sig, libc::SIG_IGN, 0).is_some() {
+        return 0;
+    }
+    real!(F, c"sigignore", fn(sig: c_int) -> c_int)
 }
 
 /// # Safety

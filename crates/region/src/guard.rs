@@ -1359,7 +1359,15 @@ fn forward(
     info: *mut libc::siginfo_t,
     ctx: *mut libc::c_void,
 ) {
-    let act = *slot.lock();
+    let act = {
+        let mut program = slot.lock();
+        let act = *program;
+        // A handler set to run once (SA_RESETHAND: `sysv_signal`'s) is the default from now on.
+        if act.flags & libc::SA_RESETHAND as u64 != 0 {
+            *program = NO_ACTION;
+        }
+        act
+    };
     match act.handler {
         h if h == libc::SIG_DFL || h == libc::SIG_IGN => {
             // The default action, restored in the kernel (a raw call: the preload's `sigaction`

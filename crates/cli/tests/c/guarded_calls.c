@@ -198,6 +198,38 @@ static void bus_handler(int s) { (void)s; own_bus++; }
 static void sys_handler(int s, siginfo_t *si, void *c) { (void)s; (void)si; (void)c; own_sys++; }
 static char *alt;
 static void usr_handler(int s) { (void)s; char here; on_alt = &here >= alt && &here < alt + (1 << 16); }
+/* The C library's other ways to set a handler (zstd calls __sysv_signal(SIGBUS, ...) at
+ * start): each keeps zmem's handler, so the heap still reads back, and each program handler
+ * runs for a SIGBUS that is not zmem's; sysv_signal's runs once, as without zmem. */
+/* Declared here: glibc's headers no longer have bsd_signal, and mark sigset deprecated. */
+extern __sighandler_t bsd_signal_(int, __sighandler_t) __asm__("bsd_signal");
+extern __sighandler_t sigset_(int, __sighandler_t) __asm__("sigset");
+static volatile int other_bus;
+static void other_bus_handler(int s) { (void)s; other_bus++; }
+static void heap_reads_back(const char *after) {
+    unsigned char *q = pattern(4 << 20, 13);
+    evict();
+    CHECK(same(q, 4 << 20, 13), "the heap reads back after %s", after);
+    free(q);
+}
+static void other_ways_to_set_a_handler(void) {
+    struct sigaction old;
+    CHECK(__sysv_signal(SIGBUS, other_bus_handler) == bus_handler, "__sysv_signal returns the program's handler");
+    heap_reads_back("__sysv_signal(SIGBUS)");
+    raise(SIGBUS);
+    CHECK(other_bus == 1, "the __sysv_signal handler runs: %d", other_bus);
+    CHECK(sigaction(SIGBUS, NULL, &old) == 0 && old.sa_handler == SIG_DFL, "a __sysv_signal handler runs once");
+    CHECK(bsd_signal_(SIGBUS, other_bus_handler) == SIG_DFL, "bsd_signal returns the default");
+    heap_reads_back("bsd_signal(SIGBUS)");
+    raise(SIGBUS);
+    raise(SIGBUS);
+    CHECK(other_bus == 3, "the bsd_signal handler runs every time: %d", other_bus);
+    CHECK(sigset_(SIGBUS, bus_handler) == other_bus_handler, "sigset returns the program's handler");
+    CHECK(sigset_(SIGBUS, SIG_HOLD) == bus_handler, "sigset(SIG_HOLD) returns the handler");
+    heap_reads_back("sigset(SIGBUS)");
+    raise(SIGBUS);
+    CHECK(own_bus == 2 && other_bus == 3, "the sigset handler runs: %d %d", own_bus, other_bus);
+}
 static void signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -210,6 +242,7 @@ static void signals(void) {
     CHECK(own_bus == 1 && own_sys == 1, "the program's handlers run: %d %d", own_bus, own_sys);
     struct sigaction old;
     CHECK(sigaction(SIGBUS, NULL, &old) == 0 && old.sa_handler == bus_handler, "sigaction reports the program's handler");
+    other_ways_to_set_a_handler();
     /* Every signal blocked, then an evicted page touched and a system call into the heap. */
     unsigned char *p = pattern(4 << 20, 11);
     sigset_t all, prev;
