@@ -1516,6 +1516,56 @@ fn signal_handlers_that_fault_on_the_heap_meanwhile() {
     }
 }
 
+/// A program that ends with `_exit` (as dash ends every shell, and python's `os._exit`) still
+/// gets the run's summary and `--stats`, with its exit status: before, `zmem run -- sh -c ...`
+/// printed no summary and wrote no statistics. Both a C program calling `_exit(5)` and a shell
+/// line (its commands' reports among the run's others).
+#[test]
+fn a_run_ended_by_raw_exit_is_reported() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("ends_with_exit", dir.path(), &[]);
+    let stats = dir.path().join("stats.json");
+    let mut cmd = zmem_cmd(&["run", "--resident", "4M", "--stats"]);
+    cmd.arg(&stats).arg("--").arg(&prog).arg("16");
+    let out = run_to_end(cmd, dir.path(), "ends_with_exit", Duration::from_secs(60));
+    assert_eq!(
+        out.code,
+        Some(5),
+        "stdout: {}\nstderr: {}",
+        out.stdout,
+        tail(&out.stderr)
+    );
+    assert_eq!(out.stdout.trim(), "ok");
+    assert!(
+        out.stderr.contains("exited with status 5"),
+        "no summary: {}",
+        tail(&out.stderr)
+    );
+    let report = read_json(&stats);
+    assert_eq!(report["exit_code"], 5, "{report}");
+    assert!(num(&report["zmem"], "evictions") > 0, "{report}");
+
+    let stats = dir.path().join("sh.json");
+    let mut cmd = zmem_cmd(&["run", "--resident", "4M", "--stats"]);
+    let line = format!("{} 16; exit 3", prog.display());
+    cmd.arg(&stats).args(["--", "/bin/sh", "-c", &line]);
+    let out = run_to_end(cmd, dir.path(), "sh_exit", Duration::from_secs(60));
+    assert_eq!(out.code, Some(3), "stderr: {}", tail(&out.stderr));
+    let report = read_json(&stats);
+    assert_eq!(report["exit_code"], 3, "{report}");
+    let others = report["others"].as_array().expect("others");
+    assert!(
+        others
+            .iter()
+            .any(|o| o["program"] == "ends_with_exit" && num(o, "evictions") > 0),
+        "the shell's command did not report: {report}"
+    );
+}
+
 #[test]
 fn fork_and_exec() {
     if !ready() {

@@ -1,6 +1,7 @@
 //! How a process ends or replaces itself: `_exit`, `_Exit` and the `exec` family. Each first
 //! hands the process's forked children the pages of theirs that only its region holds
-//! (`runtime::hand_off`; `exit` does so through its on_exit hook): daemon(3) and python's
+//! (`runtime::hand_off`; `exit` does so through its on_exit hook), and `_exit` reports the
+//! process's end as `exit` does (`runtime::end`): daemon(3) and python's
 //! `os._exit` end a parent with `_exit`, and a shell that starts a background subshell and then
 //! `exec`s its server replaces the parent, its region and its threads with it. Without the
 //! hand-off such a child is stopped (it would read zeros where its data was). The variadic
@@ -17,7 +18,13 @@ use crate::runtime;
 /// C's _exit.
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    runtime::hand_off();
+    if crate::heap::is_internal() {
+        // In zmem's own code (a signal handler that interrupted it calls _exit): the report
+        // could wait for a lock this thread holds; the pages are still handed off.
+        runtime::hand_off();
+    } else {
+        runtime::end(status);
+    }
     libc::syscall(libc::SYS_exit_group, status);
     unreachable!("exit_group returned")
 }

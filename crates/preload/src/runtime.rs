@@ -314,7 +314,22 @@ pub fn hand_off() {
 }
 
 extern "C" fn at_exit(status: libc::c_int, _arg: *mut libc::c_void) {
+    end(status);
+}
+
+/// Whether [`end`] has run.
+static ENDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// This process ends with `status`: its forked children get their pages ([`hand_off`]), then,
+/// in the process zmem started in, the run's report (the process `zmem run` became) or this
+/// process's exit report (one it exec'd). Once, from `exit`'s on_exit hook or from `_exit`:
+/// dash ends every shell with `_exit`, so `zmem run -- sh -c ...` printed no summary and wrote
+/// no `--stats` before `_exit` reported too.
+pub fn end(status: libc::c_int) {
     hand_off();
+    if ENDED.swap(true, Relaxed) {
+        return;
+    }
     let was = heap::set_internal(true);
     let _ = std::panic::catch_unwind(|| {
         if !in_creator() {
