@@ -25,6 +25,30 @@ fn bad_flags_are_one_line_and_exit_2() {
         &["bench", "programs", "--resident", "16M,4k"],
         "--resident 4k is below the smallest budget",
     );
+    fails_with(
+        &["bench", "programs", "--command", "no equals sign"],
+        "expected NAME=COMMAND",
+    );
+    fails_with(
+        &["bench", "programs", "--command", "a b=true"],
+        "the NAME of NAME=COMMAND must be",
+    );
+    fails_with(&["bench", "programs", "--command", "x= "], "has no command");
+    fails_with(
+        &["bench", "programs", "--command", "sort=sort -r f"],
+        "sort is a built-in program's name",
+    );
+    fails_with(
+        &[
+            "bench",
+            "programs",
+            "--command",
+            "a=true",
+            "--command",
+            "a=false",
+        ],
+        "--command a=... is given twice",
+    );
     fails_with(&["bench", "programs", "--scale", "0"], "--scale");
     fails_with(&["bench", "programs", "--timeout", "0"], "--timeout");
 }
@@ -43,6 +67,7 @@ fn help_lists_the_flags() {
         "--plot",
         "--zram-alg",
         "--timeout",
+        "--command",
         "sqlite",
         "python",
         "pylist",
@@ -211,4 +236,73 @@ fn kernel_side_restores_zram_swap_and_cgroups() {
         );
     }
     assert_eq!(k["kernel"]["limit"], 8 << 20);
+}
+
+/// `--command NAME=COMMAND`: a shell line of the user's runs the same ways as a built-in
+/// program, from the current directory; its output is compared (a line whose output changes
+/// from run to run is an error naming it) and its processes' evictions are summed (the shell's
+/// and its commands').
+#[test]
+fn a_command_of_the_users_runs_beside_the_programs() {
+    if installed("sort").is_none() || installed("seq").is_none() {
+        eprintln!("skipped: sort or seq is not installed (coreutils)");
+        return;
+    }
+    if !ready(Skip::PermissionOnly) {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    std::fs::write(dir.path().join("words"), "pear\napple\nfig\n").unwrap();
+    let json = dir.path().join("c.json");
+    let out = zmem_cmd(&[
+        "bench",
+        "programs",
+        "--command",
+        "revsort=seq 1 300000 | sort -r | md5sum; sort words",
+        "--command",
+        "noisy=head -c 16 /dev/urandom | od -x",
+        "--resident",
+        "6M",
+        "--repeat",
+        "1",
+        "--no-kernel",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        dir.path().join("c.svg").to_str().unwrap(),
+    ])
+    .current_dir(dir.path())
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the noisy line must fail the bench: {stdout}\n{stderr}"
+    );
+    let doc = read_json(&json);
+    let errors = doc["errors"].as_array().unwrap();
+    assert!(
+        errors.len() == 1 && errors[0].as_str().unwrap().contains("noisy"),
+        "{doc}"
+    );
+    let plain = runs(&doc, "revsort", "plain");
+    assert_eq!(plain.len(), 1);
+    let z = runs(&doc, "revsort", "zmem")[0];
+    assert_eq!(z["outcome"], "ok", "{z}");
+    assert_eq!(z["output_matched"], true, "{z}");
+    assert_eq!(z["output_bytes"], plain[0]["output_bytes"]);
+    // The shell and its three commands reported; sort's buffer did not fit in 6M.
+    assert!(z["zmem"]["processes"].as_u64().unwrap() >= 4, "{z}");
+    assert!(z["zmem"]["evictions"].as_u64().unwrap() > 0, "{z}");
+    let p = doc["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["program"] == "revsort")
+        .unwrap();
+    assert_eq!(p["package"], serde_json::Value::Null, "{p}");
+    assert_eq!(p["command"][0], "/bin/sh", "{p}");
+    assert!(stdout.contains("revsort"), "{stdout}");
 }

@@ -20,7 +20,8 @@ pub const SEED: u64 = 0x7072_6f67_7261_6d73;
 /// How one program runs: its command line, its environment (on top of the bench's), its stdin.
 #[derive(Clone, Debug, Serialize)]
 pub struct Job {
-    pub program: Program,
+    /// The built-in program's name, or the NAME of a `--command NAME=COMMAND`.
+    pub program: String,
     /// The program's own command line (the zmem side puts `zmem run ... --` in front).
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
@@ -202,13 +203,27 @@ pub fn prepare(p: Program, bin: &Path, dir: &Path, scale: f64) -> anyhow::Result
     };
     let input_bytes = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
     Ok(Job {
-        program: p,
+        program: p.name().to_string(),
         argv,
         env,
         stdin,
         input_bytes,
         version: version(bin),
     })
+}
+
+/// How a `--command NAME=COMMAND` runs: `sh -c COMMAND` in the directory the bench was
+/// started from (its paths are the user's), with nothing on stdin. No version is asked for:
+/// the user's program is never run with arguments it was not given.
+pub fn command_job(c: &super::NamedCommand) -> Job {
+    Job {
+        program: c.name.clone(),
+        argv: vec!["/bin/sh".into(), "-c".into(), c.line.clone()],
+        env: vec![("LC_ALL".to_string(), "C".to_string())],
+        stdin: None,
+        input_bytes: 0,
+        version: String::new(),
+    }
 }
 
 /// Writes `text` into `f` and runs it as `bin f n`: the argv and the input file.

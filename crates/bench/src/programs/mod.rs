@@ -128,6 +128,39 @@ impl Program {
     }
 }
 
+/// A program of the user's: `--command NAME=COMMAND`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NamedCommand {
+    /// What the report calls it (letters, digits, `-`, `_`, `.`).
+    pub name: String,
+    /// The shell line (`sh -c`).
+    pub line: String,
+}
+
+/// Parses `NAME=COMMAND`.
+pub fn parse_named_command(s: &str) -> Result<NamedCommand, String> {
+    let (name, line) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=COMMAND (e.g. 'xz6=xz -6 -c data'), got {s:?}"))?;
+    let name = name.trim();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(format!(
+            "the NAME of NAME=COMMAND must be letters, digits, '-', '_' or '.', got {name:?}"
+        ));
+    }
+    if line.trim().is_empty() {
+        return Err(format!("--command {name}= has no command"));
+    }
+    Ok(NamedCommand {
+        name: name.to_string(),
+        line: line.to_string(),
+    })
+}
+
 /// Default budgets of `--resident`.
 pub const DEFAULT_RESIDENT: &str = "16M,64M";
 
@@ -143,6 +176,12 @@ pub struct ProgramsArgs {
     /// The programs to run (comma-separated) [default: all].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub programs: Vec<Program>,
+    /// A program of your own, run the same three ways as the built-in ones (repeatable):
+    /// NAME=COMMAND, the command a shell line (`sh -c`, from the current directory) whose
+    /// stdout must be the same on every run, e.g. `--command 'xz6=xz -6 -T2 -c data.tar'`.
+    /// Given without --programs, only these commands run.
+    #[arg(long = "command", value_name = "NAME=COMMAND", value_parser = parse_named_command)]
+    pub commands: Vec<NamedCommand>,
     /// Run plain and zmem only (no root needed): no cgroup, no zram.
     #[arg(long)]
     pub no_kernel: bool,
@@ -190,6 +229,21 @@ impl ProgramsArgs {
             "--scale must be in (0, 20], got {}",
             self.scale
         );
+        for (i, c) in self.commands.iter().enumerate() {
+            anyhow::ensure!(
+                !ALL.iter().any(|p| p.name() == c.name),
+                "--command {}=...: {} is a built-in program's name (use --programs {} for it, \
+                 or another name)",
+                c.name,
+                c.name,
+                c.name
+            );
+            anyhow::ensure!(
+                !self.commands[..i].iter().any(|o| o.name == c.name),
+                "--command {}=... is given twice",
+                c.name
+            );
+        }
         anyhow::ensure!(
             self.timeout > 0.0,
             "--timeout must be positive, got {}",
@@ -200,6 +254,9 @@ impl ProgramsArgs {
 
     /// The programs asked for, each once, in the report's order.
     pub fn selected(&self) -> Vec<Program> {
+        if self.programs.is_empty() && !self.commands.is_empty() {
+            return Vec::new();
+        }
         if self.programs.is_empty() {
             return ALL.to_vec();
         }

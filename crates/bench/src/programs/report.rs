@@ -10,7 +10,6 @@ use plotters::prelude::*;
 use serde::Serialize;
 use zmem_runenv::size::{format_mib, format_size};
 
-use super::Program;
 use crate::report::{finish_chart, text_table};
 
 /// The three ways a program runs.
@@ -99,17 +98,19 @@ impl RunRecord {
 /// A program not run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Skipped {
-    pub program: Program,
+    pub program: String,
     pub reason: String,
 }
 
 /// One program's runs.
 #[derive(Clone, Debug, Serialize)]
 pub struct ProgramResult {
-    pub program: Program,
+    /// The built-in program's name, or the NAME of a `--command NAME=COMMAND`.
+    pub program: String,
     pub binary: String,
     pub version: String,
-    pub package: &'static str,
+    /// The Debian package of a built-in program (none for a `--command`).
+    pub package: Option<&'static str>,
     pub command: Vec<String>,
     pub env: Vec<(String, String)>,
     pub input_bytes: u64,
@@ -142,7 +143,7 @@ pub struct SideSummary {
 /// One program at one budget, side by side.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
-    pub program: Program,
+    pub program: String,
     pub resident: u64,
     pub plain: SideSummary,
     pub zmem: SideSummary,
@@ -216,7 +217,7 @@ pub fn summarize(results: &[ProgramResult], budgets: &[u64]) -> Vec<Summary> {
             let kernel = has_kernel.then(|| at(Side::Kernel));
             let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
             out.push(Summary {
-                program: r.program,
+                program: r.program.clone(),
                 resident: b,
                 zmem_over_kernel: ratio(zmem.wall_s, kernel.as_ref().and_then(|k| k.wall_s)),
                 zmem_over_plain: ratio(zmem.wall_s, plain.wall_s),
@@ -290,7 +291,7 @@ pub fn table(rows: &[Summary], kernel: bool) -> String {
     for s in rows {
         let k = s.kernel.clone().unwrap_or_default();
         let mut r = vec![
-            s.program.name().to_string(),
+            s.program.clone(),
             s.plain
                 .max_rss
                 .map(format_mib)
@@ -347,7 +348,7 @@ pub fn plot(rows: &[Summary], kernel: bool, path: &Path) -> anyhow::Result<()> {
     let ymin = 0.5f64;
     let labels: Vec<String> = rows
         .iter()
-        .map(|s| format!("{} {}", s.program.name(), format_size(s.resident)))
+        .map(|s| format!("{} {}", s.program, format_size(s.resident)))
         .collect();
     let width = (160 + 110 * n as u32).max(700);
     let root = SVGBackend::new(path, (width, 600)).into_drawing_area();
@@ -477,10 +478,10 @@ mod tests {
     #[test]
     fn medians_ratios_and_lost_runs() {
         let mut r = ProgramResult {
-            program: Program::Sort,
+            program: "sort".into(),
             binary: "sort".into(),
             version: String::new(),
-            package: "coreutils",
+            package: Some("coreutils"),
             command: Vec::new(),
             env: Vec::new(),
             input_bytes: 0,

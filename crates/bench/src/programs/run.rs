@@ -8,7 +8,7 @@ use std::ffi::CString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ use anyhow::Context;
 use zmem_runenv::report::RunReport;
 use zmem_runenv::size::{format_mib, format_size};
 
-use super::inputs::{locate, prepare, Job};
+use super::inputs::{command_job, locate, prepare, Job};
 use super::report::{self, KernelFigures, ProgramResult, RunRecord, Side, Skipped, ZmemFigures};
 use super::ProgramsArgs;
 use crate::abort::{aborted, check_abort, install_abort_handler, Interrupted};
@@ -472,7 +472,7 @@ pub fn run(args: &ProgramsArgs) -> anyhow::Result<()> {
     let mut present = Vec::new();
     for p in args.selected() {
         match locate(p) {
-            Some(bin) => present.push((p, bin)),
+            Some(bin) => present.push(Subject::Builtin(p, bin)),
             None => {
                 let reason = format!(
                     "{} is not installed (Debian package {}: apt-get install {})",
@@ -481,10 +481,14 @@ pub fn run(args: &ProgramsArgs) -> anyhow::Result<()> {
                     p.package()
                 );
                 eprintln!("zmem: note: {} skipped: {reason}", p.name());
-                skipped.push(Skipped { program: p, reason });
+                skipped.push(Skipped {
+                    program: p.name().to_string(),
+                    reason,
+                });
             }
         }
     }
+    present.extend(args.commands.iter().map(Subject::Command));
     anyhow::ensure!(
         !present.is_empty(),
         "none of the programs asked for is installed: {}",
@@ -530,7 +534,7 @@ pub fn run(args: &ProgramsArgs) -> anyhow::Result<()> {
     let mut results: Vec<ProgramResult> = Vec::new();
     let mut errors: Vec<String> = Vec::new();
     let mut failure: Option<anyhow::Error> = None;
-    for (p, bin) in &present {
+    for subject in &present {
         if aborted() {
             failure = Some(Interrupted.into());
             break;
@@ -544,14 +548,14 @@ pub fn run(args: &ProgramsArgs) -> anyhow::Result<()> {
             timeout,
             pb: &pb,
         };
-        match run_program(&ctx, *p, bin, &mut errors) {
+        match run_program(&ctx, subject, &mut errors) {
             Ok(r) => results.push(r),
             Err(e) if e.downcast_ref::<Interrupted>().is_some() => {
                 failure = Some(e);
                 break;
             }
             Err(e) => {
-                let msg = format!("{}: {e:#}", p.name());
+                let msg = format!("{}: {e:#}", subject.name());
                 eprintln!("zmem: {msg}");
                 errors.push(msg);
             }
@@ -582,7 +586,7 @@ pub fn run(args: &ProgramsArgs) -> anyhow::Result<()> {
             println!("kernel side not run: {why}");
         }
         for s in &skipped {
-            println!("{} not run: {}", s.program.name(), s.reason);
+            println!("{} not run: {}", s.program, s.reason);
         }
     }
     if failure.is_none() && !errors.is_empty() {
@@ -626,18 +630,39 @@ struct Ctx<'a> {
     pb: &'a indicatif::ProgressBar,
 }
 
+/// What one entry of the report runs: a built-in program (its executable found) or a
+/// `--command` of the user's.
+enum Subject<'a> {
+    Builtin(super::Program, PathBuf),
+    Command(&'a super::NamedCommand),
+}
+
+impl Subject<'_> {
+    fn name(&self) -> &str {
+        match self {
+            Subject::Builtin(p, _) => p.name(),
+            Subject::Command(c) => &c.name,
+        }
+    }
+}
+
 /// Every run of one program: rounds of plain, then zmem and kernel at each budget.
 /// An output that differs, or a program that fails (other than by the kernel's OOM killer or
 /// the timeout), is pushed to `errors` naming the program and the side.
 fn run_program(
     ctx: &Ctx<'_>,
-    p: super::Program,
-    bin: &Path,
+    subject: &Subject<'_>,
     errors: &mut Vec<String>,
 ) -> anyhow::Result<ProgramResult> {
-    let name = p.name();
-    ctx.pb.set_message(format!("{name}: generating the input"));
-    let job = prepare(p, bin, ctx.dir, ctx.args.scale)?;
+    let name = subject.name();
+    let (job, binary, package) = match subject {
+        Subject::Builtin(p, bin) => {
+            ctx.pb.set_message(format!("{name}: generating the input"));
+            let job = prepare(*p, bin, ctx.dir, ctx.args.scale)?;
+            (job, bin.display().to_string(), Some(p.package()))
+        }
+        Subject::Command(c) => (command_job(c), "/bin/sh".to_string(), None),
+    };
     let reference = ctx.dir.join(format!("{name}.expected"));
     let stats = ctx.dir.join(format!("{name}.zmem-stats.json"));
     let mut runs: Vec<RunRecord> = Vec::new();
@@ -737,10 +762,10 @@ fn run_program(
         }
     }
     Ok(ProgramResult {
-        program: p,
-        binary: bin.display().to_string(),
+        program: name.to_string(),
+        binary,
         version: job.version.clone(),
-        package: p.package(),
+        package,
         command: job.argv.clone(),
         env: job.env.clone(),
         input_bytes: job.input_bytes,
