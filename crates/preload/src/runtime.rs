@@ -327,7 +327,8 @@ static ENDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new
 /// no `--stats` before `_exit` reported too.
 pub fn end(status: libc::c_int) {
     hand_off();
-    if ENDED.swap(true, Relaxed) {
+    // Not in a forked or vfork child: a vfork child shares this static with its parent.
+    if !in_creator() || ENDED.swap(true, Relaxed) {
         return;
     }
     let was = heap::set_internal(true);
