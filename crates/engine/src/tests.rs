@@ -152,6 +152,38 @@ fn cpu_only_engine_completes_every_job_once() {
     assert!(s.per_codec[CodecId::Lz4 as usize].out_bytes < 500 * 4096);
 }
 
+/// The CPU workers start with the first batch, not with the engine (a process that never
+/// compresses a batch never pays for them), and then complete every job; an engine shut down
+/// before any batch completes later ones with an error, never silently.
+#[test]
+fn cpu_workers_start_with_the_first_batch() {
+    let engine = Engine::new(cfg()).unwrap();
+    let workers = |e: &Engine| e.shared.cpu.started_workers();
+    assert_eq!(workers(&engine), 0);
+    let _ = engine.compress_now(Codec::LZ4, None, &page(1)).unwrap();
+    assert_eq!(workers(&engine), 0, "compress_now runs on the caller");
+    run_batches(&engine, 0, 50, 5, Codec::LZ4);
+    assert_eq!(workers(&engine), cfg().cpu_workers);
+
+    let unused = Engine::new(cfg()).unwrap();
+    unused.shared.cpu.shutdown();
+    let (tx, rx) = mpsc::channel::<Completion>();
+    let tx = Mutex::new(tx);
+    let sink: Sink = Arc::new(move |c| tx.lock().send(c).unwrap());
+    let job = Job {
+        tag: 9,
+        input: page(9),
+        codec: Codec::LZ4,
+        dict: None,
+    };
+    match unused.submit(vec![job], sink) {
+        Err(EngineError::Shutdown) => {}
+        other => panic!("a shut-down engine took a batch: {:?}", other.map(|_| ())),
+    }
+    assert!(rx.try_recv().is_err());
+    assert_eq!(workers(&unused), 0);
+}
+
 #[test]
 fn small_batches_stay_on_the_cpu() {
     let backend = Arc::new(FaultyBackend::default());

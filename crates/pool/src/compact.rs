@@ -15,9 +15,12 @@ impl Pool {
     /// emptied spans' pages back to the OS.
     pub fn compact(&self) -> CompactStats {
         let mut out = CompactStats::default();
-        for cid in 0..self.classes.len() {
-            let info = &self.infos[cid];
-            let class = &self.classes[cid];
+        let Some(c) = self.built() else {
+            return out;
+        };
+        for cid in 0..c.classes.len() {
+            let info = &c.infos[cid];
+            let class = &c.classes[cid];
             if info.objs <= 1 {
                 continue;
             }
@@ -48,8 +51,9 @@ impl Pool {
     /// Drains the least used span of a class into the fullest ones, if that frees a span.
     /// Returns the objects moved and the emptied span's pages.
     fn compact_one(&self, st: &mut ClassState, cid: usize) -> (u64, Option<Run>) {
-        let info = &self.infos[cid];
-        let class = &self.classes[cid];
+        let c = self.classes();
+        let info = &c.infos[cid];
+        let class = &c.classes[cid];
         let objs = info.objs as u64;
         let slots = class.spans.load(Relaxed) * objs;
         if slots.saturating_sub(class.objects.load(Relaxed)) < objs {

@@ -55,7 +55,10 @@ mod handle;
 mod stats;
 
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicPtr, AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed},
+};
 
 use parking_lot::RwLock;
 
@@ -74,9 +77,12 @@ pub use zmem_os::PAGE_SIZE;
 /// A compressed-object allocator. `Send + Sync`; all methods take `&self`.
 pub struct Pool {
     max_object_size: usize,
-    infos: Box<[ClassInfo]>,
-    size_to_class: Box<[u16]>,
-    classes: Box<[Class]>,
+    max_span_pages: usize,
+    /// The size classes ([`Classes`]), built when first needed: building them is ~0.4 ms of
+    /// CPU, which every process under zmem paid at start and at each fork though most never
+    /// store a page. A pointer swapped in once (freed with the pool), not a lock: a fork in
+    /// the middle of a build must not leave the child waiting for it.
+    lazy: AtomicPtr<Classes>,
     chunks: ChunkAlloc,
     /// Pages in live spans (or reserved for spans being created).
     pages_used: AtomicU64,
@@ -86,11 +92,48 @@ pub struct Pool {
     pages_compacted: AtomicU64,
 }
 
+/// The size classes of a pool: what each object size gets, and each class's spans.
+pub(crate) struct Classes {
+    pub(crate) infos: Box<[ClassInfo]>,
+    pub(crate) size_to_class: Box<[u16]>,
+    pub(crate) classes: Box<[Class]>,
+}
+
+impl Classes {
+    fn build(max_object_size: usize, max_span_pages: usize) -> Classes {
+        let table = ClassTable::for_config(max_object_size, max_span_pages);
+        let classes = (0..table.infos.len())
+            .map(|_| Class {
+                state: RwLock::new(ClassState::new()),
+                objects: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+                spans: AtomicU64::new(0),
+                meta: AtomicU64::new(0),
+            })
+            .collect();
+        Classes {
+            infos: table.infos.into_boxed_slice(),
+            size_to_class: table.size_to_class.into_boxed_slice(),
+            classes,
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let p = *self.lazy.get_mut();
+        if !p.is_null() {
+            // SAFETY: published once by `classes()` from a Box, never freed elsewhere.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("max_object_size", &self.max_object_size)
-            .field("classes", &self.infos.len())
+            .field("classes", &self.built().map_or(0, |c| c.infos.len()))
             .field("stats", &self.stats())
             .finish()
     }
@@ -111,27 +154,47 @@ impl Pool {
                 config.max_span_pages
             )));
         }
-        let table = ClassTable::for_config(config.max_object_size, config.max_span_pages);
-        let classes = (0..table.infos.len())
-            .map(|_| Class {
-                state: RwLock::new(ClassState::new()),
-                objects: AtomicU64::new(0),
-                bytes: AtomicU64::new(0),
-                spans: AtomicU64::new(0),
-                meta: AtomicU64::new(0),
-            })
-            .collect();
         Ok(Pool {
             max_object_size: config.max_object_size,
-            infos: table.infos.into_boxed_slice(),
-            size_to_class: table.size_to_class.into_boxed_slice(),
-            classes,
+            max_span_pages: config.max_span_pages,
+            lazy: AtomicPtr::new(std::ptr::null_mut()),
             chunks: ChunkAlloc::new(),
             pages_used: AtomicU64::new(0),
             pages_max: AtomicU64::new(0),
             limit: AtomicU64::new(config.mem_limit.unwrap_or(u64::MAX)),
             pages_compacted: AtomicU64::new(0),
         })
+    }
+
+    /// The size classes, built by the first caller that needs them.
+    pub(crate) fn classes(&self) -> &Classes {
+        if let Some(c) = self.built() {
+            return c;
+        }
+        let new = Box::into_raw(Box::new(Classes::build(
+            self.max_object_size,
+            self.max_span_pages,
+        )));
+        match self
+            .lazy
+            .compare_exchange(std::ptr::null_mut(), new, AcqRel, Acquire)
+        {
+            // SAFETY: published now; freed only when the pool is dropped.
+            Ok(_) => unsafe { &*new },
+            Err(current) => {
+                // SAFETY: `new` was never published; `current` was, and lives as long.
+                unsafe {
+                    drop(Box::from_raw(new));
+                    &*current
+                }
+            }
+        }
+    }
+
+    /// The size classes if they were built (not before the first object).
+    pub(crate) fn built(&self) -> Option<&Classes> {
+        // SAFETY: a published `Classes` lives until the pool is dropped.
+        unsafe { self.lazy.load(Acquire).as_ref() }
     }
 
     /// Largest object the pool stores.
@@ -144,13 +207,14 @@ impl Pool {
         if len == 0 || len > self.max_object_size {
             return None;
         }
-        let cid = *self.size_to_class.get((len - 1) / CLASS_STEP)? as usize;
-        Some(self.infos.get(cid)?.size as usize)
+        let c = self.classes();
+        let cid = *c.size_to_class.get((len - 1) / CLASS_STEP)? as usize;
+        Some(c.infos.get(cid)?.size as usize)
     }
 
     /// Number of (merged) size classes.
     pub fn num_classes(&self) -> usize {
-        self.infos.len()
+        self.classes().infos.len()
     }
 
     /// Sets the memory limit (bytes of span memory). Lowering it below the current use frees
@@ -171,7 +235,8 @@ impl Pool {
         let raw = h.to_raw();
         let gen = (raw >> H_GEN_SHIFT) & GEN_MASK;
         let cid = ((raw >> H_CLASS_SHIFT) & 0xffff) as usize;
-        if raw >> H_RESERVED_SHIFT != 0 || gen == 0 || cid >= self.classes.len() {
+        let known = self.built().is_some_and(|c| cid < c.classes.len());
+        if raw >> H_RESERVED_SHIFT != 0 || gen == 0 || !known {
             return Err(PoolError::InvalidHandle(raw));
         }
         Ok((cid, raw as u32, gen))
@@ -219,7 +284,7 @@ impl Pool {
 
     /// Creates a span for class `cid` (in bucket 0, empty). On error nothing changed.
     fn new_span(&self, st: &mut ClassState, cid: usize) -> Result<u32, PoolError> {
-        let info = &self.infos[cid];
+        let info = &self.classes().infos[cid];
         if st.free_span == NIL {
             if st.spans.len() >= MAX_SPANS {
                 return Err(PoolError::OutOfMemory("too many spans in one class".into()));
@@ -271,7 +336,7 @@ impl Pool {
             }
         }
         st.link(sid, 0);
-        let class = &self.classes[cid];
+        let class = &self.classes().classes[cid];
         class.spans.fetch_add(1, Relaxed);
         class.meta.store(st.meta_bytes(), Relaxed);
         Ok(sid)
@@ -290,9 +355,9 @@ impl Pool {
                 max: self.max_object_size,
             });
         }
-        let cid = self.size_to_class[(len - 1) / CLASS_STEP] as usize;
-        let info = &self.infos[cid];
-        let class = &self.classes[cid];
+        let cid = self.classes().size_to_class[(len - 1) / CLASS_STEP] as usize;
+        let info = &self.classes().infos[cid];
+        let class = &self.classes().classes[cid];
         let mut st = class.state.write();
         let grew = st.free_handle == NIL && st.handles.len() == st.handles.capacity();
         st.reserve_handle()?;
@@ -324,8 +389,8 @@ impl Pool {
     /// [`PoolError::InvalidHandle`].
     pub fn free(&self, h: Handle) -> Result<(), PoolError> {
         let (cid, idx, gen) = self.decode(h)?;
-        let info = &self.infos[cid];
-        let class = &self.classes[cid];
+        let info = &self.classes().infos[cid];
+        let class = &self.classes().classes[cid];
         let released = {
             let mut st = class.state.write();
             let loc = st
@@ -353,8 +418,8 @@ impl Pool {
     /// neither move nor be freed. `f` must not call into this pool.
     pub fn with_object<R>(&self, h: Handle, f: impl FnOnce(&[u8]) -> R) -> Result<R, PoolError> {
         let (cid, idx, gen) = self.decode(h)?;
-        let info = &self.infos[cid];
-        let st = self.classes[cid].state.read();
+        let info = &self.classes().infos[cid];
+        let st = self.classes().classes[cid].state.read();
         let loc = st
             .resolve(idx, gen)
             .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
@@ -387,14 +452,14 @@ impl Pool {
             mem_used_total: self.pages_used.load(Relaxed) * PAGE_SIZE as u64,
             mem_used_max: self.pages_max.load(Relaxed) * PAGE_SIZE as u64,
             pages_compacted: self.pages_compacted.load(Relaxed),
-            metadata_bytes: (std::mem::size_of_val::<[Class]>(&self.classes)
-                + std::mem::size_of_val::<[ClassInfo]>(&self.infos)
-                + std::mem::size_of_val::<[u16]>(&self.size_to_class))
-                as u64
-                + self.chunks.metadata_bytes(),
+            metadata_bytes: self.built().map_or(0, |c| {
+                (std::mem::size_of_val::<[Class]>(&c.classes)
+                    + std::mem::size_of_val::<[ClassInfo]>(&c.infos)
+                    + std::mem::size_of_val::<[u16]>(&c.size_to_class)) as u64
+            }) + self.chunks.metadata_bytes(),
             ..PoolStats::default()
         };
-        for c in self.classes.iter() {
+        for c in self.built().map_or(&[][..], |c| &c.classes[..]) {
             s.objects += c.objects.load(Relaxed);
             s.object_bytes += c.bytes.load(Relaxed);
             s.spans += c.spans.load(Relaxed);
@@ -443,16 +508,44 @@ mod tests {
         pool.free(keep).unwrap();
     }
 
+    /// A pool builds its classes with the first object, not when it is made (most processes
+    /// under zmem never store one); until then it reports nothing, compacts nothing and knows
+    /// no handle. Threads racing to build them all get the one table that was published.
+    #[test]
+    fn classes_are_built_with_the_first_object() {
+        let pool = Pool::new(PoolConfig::default()).unwrap();
+        assert!(pool.built().is_none());
+        let s = pool.stats();
+        assert_eq!((s.objects, s.spans, s.mem_used_total), (0, 0, 0));
+        assert_eq!(pool.compact(), CompactStats::default());
+        let bogus = Handle::from_raw(1 << H_GEN_SHIFT).unwrap();
+        assert_eq!(
+            pool.free(bogus),
+            Err(PoolError::InvalidHandle(bogus.to_raw()))
+        );
+        assert!(pool.built().is_none(), "a bad handle built the classes");
+        let tables: Vec<usize> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| sc.spawn(|| pool.classes() as *const Classes as usize))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(tables.windows(2).all(|w| w[0] == w[1]), "{tables:?}");
+        let h = pool.alloc(&[9; 300]).unwrap();
+        assert!(pool.stats().metadata_bytes > 0);
+        pool.free(h).unwrap();
+    }
+
     #[test]
     fn alloc_prefers_fullest_span() {
         let pool = Pool::new(PoolConfig::default()).unwrap();
-        let cid = pool.size_to_class[(1000 - 1) / CLASS_STEP] as usize;
-        let n = pool.infos[cid].objs as usize;
+        let cid = pool.classes().size_to_class[(1000 - 1) / CLASS_STEP] as usize;
+        let n = pool.classes().infos[cid].objs as usize;
         assert!(n >= 4);
         let span_of = |h: Handle| {
             let (c, idx, gen) = pool.decode(h).unwrap();
             assert_eq!(c, cid);
-            pool.classes[cid]
+            pool.classes().classes[cid]
                 .state
                 .read()
                 .resolve(idx, gen)

@@ -34,7 +34,8 @@
 //! setting one up writes the header of each of its ~80 bitmaps, a page each (a copy of the zero
 //! page and a TLB shootdown per page), which made most of a process start under zmem (the
 //! default 94 GiB heap in 8 GiB arenas: 12 arenas, ~1000 such faults, ~3.5 ms of 7.4 ms). So
-//! the arenas are added one at a time as the heap fills ([`grow`]), each as large as allowed.
+//! the arenas are added one at a time as the heap fills ([`grow`]), each as large as allowed
+//! after a small first one ([`FIRST_ARENA`]).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -108,6 +109,14 @@ pub fn is_internal() -> bool {
 /// Arena size the region is cut into (a last piece under 1/16 of it joins the one before, so
 /// no arena exceeds 14.9 GiB).
 pub const REGION_CHUNK: usize = 14 << 30;
+/// The first arena: small, so that setting it up costs a process little (most programs under
+/// `zmem run` are short-lived and small): ~0.2 ms against ~0.8 ms for a 14 GiB one (session
+/// 38, a `posix_spawn` loop of /bin/true). The next ones, [`REGION_CHUNK`] each, are added as
+/// the heap fills, and before the first block of a quarter of this size ([`grow_before_large`]).
+pub const FIRST_ARENA: usize = 256 << 20;
+static PROGRAM_FIRST: AtomicUsize = AtomicUsize::new(0);
+/// Where the first arena ends (0 until it is added).
+static FIRST_ARENA_END: AtomicUsize = AtomicUsize::new(0);
 /// mimalloc arenas start on 64 KiB boundaries.
 pub const SLICE: usize = 64 << 10;
 
@@ -392,6 +401,9 @@ pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mu
 /// `align` is a power of two.
 #[inline]
 unsafe fn program_alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
+    if size >= FIRST_ARENA / 4 {
+        grow_before_large();
+    }
     if zero && size >= LARGE_MIN {
         let p = program_alloc(size, align, false);
         if !p.is_null() {
@@ -423,7 +435,17 @@ fn grow_then_retry(
     if size > REGION_CHUNK {
         return p; // larger than any arena (mimalloc's largest object is set to one)
     }
-    while p.is_null() && grow(true) {
+    // One more try when no arena could be added: another thread may have added the last
+    // ones since this allocation failed (four threads asking for 512 MiB blocks at once from a
+    // small first arena: the last one found every arena added and gave up with ENOMEM).
+    let mut tried_without_growth = false;
+    while p.is_null() {
+        if !grow(true) {
+            if tried_without_growth {
+                break;
+            }
+            tried_without_growth = true;
+        }
         p = retry();
     }
     p
@@ -876,7 +898,12 @@ pub unsafe fn add_region(
 /// The length of the arena that starts at `at`: [`REGION_CHUNK`], or what is left if the
 /// piece after it would be small (it joins this one).
 fn arena_len(at: usize, end: usize) -> usize {
-    let n = REGION_CHUNK.min(end - at);
+    let chunk = if at == PROGRAM_FIRST.load(Relaxed) {
+        FIRST_ARENA
+    } else {
+        REGION_CHUNK
+    };
+    let n = chunk.min(end - at);
     if end - (at + n) < REGION_CHUNK / 16 {
         end - at
     } else {
@@ -958,6 +985,17 @@ fn make_page_map_submaps(at: usize, len: usize) {
     }
 }
 
+/// Before a block of a quarter of the first arena or more while the heap has only that
+/// arena: the next one is added first, since the first could not hold many such blocks and a
+/// failed try shows as an error under MIMALLOC_SHOW_ERRORS.
+#[cold]
+fn grow_before_large() {
+    if NEXT_ARENA.load(Acquire) == FIRST_ARENA_END.load(Relaxed) {
+        GROW_WANTED.store(true, Relaxed);
+        grow(false);
+    }
+}
+
 /// Adds the next arena if the heap asked for one (its newest arena is half used) or if
 /// `failed` (an allocation just returned NULL). True if an arena was added. Runs on a program
 /// thread after mimalloc returned, as zmem (what it allocates goes to the internal heap).
@@ -1036,9 +1074,11 @@ unsafe fn add_region_arenas(
         }
         .map_err(|e| format!("exact-fit span: {e}"))?;
     }
+    PROGRAM_FIRST.store(start, Relaxed);
     NEXT_ARENA.store(start, Release);
     ARENAS_END.store(mid_start, Release);
     add_next_arena()?;
+    FIRST_ARENA_END.store(NEXT_ARENA.load(Acquire), Relaxed);
     // Registered after the region's hooks, so it runs before them at a fork (prepare hooks
     // run in reverse order): an arena being added may still fault on the region's pages.
     let r = libc::pthread_atfork(
