@@ -1566,6 +1566,73 @@ fn a_run_ended_by_raw_exit_is_reported() {
     );
 }
 
+/// A program exec'd by a guarded one (the signal route) inherits the guard's seccomp filter:
+/// when its own would be the same it does not install a second copy (each copy cost ~0.4 ms
+/// per exec and one more filter run per system call), and it installs its own whenever it
+/// cannot be sure: the variable naming the parent's filter removed, or forged, or present in a
+/// process that inherited no filter at all (its environment copied outside zmem).
+#[test]
+fn an_exec_inherits_the_guard_filter_instead_of_stacking_one() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let filters = "grep Seccomp_filters /proc/self/status";
+    let line = format!(
+        "{filters}; env -u ZMEM_GUARD_FILTER {filters}; ZMEM_GUARD_FILTER=123 {filters}; env"
+    );
+    let mut cmd = zmem_cmd(&[
+        "run",
+        "--quiet",
+        "--fault-route",
+        "signal",
+        "--resident",
+        "16M",
+    ]);
+    cmd.args(["--", "/bin/sh", "-c", &line]);
+    let out = run_to_end(cmd, dir.path(), "inherit", Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", tail(&out.stderr));
+    let counts: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("Seccomp_filters:"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(counts, ["1", "2", "2"], "{}", out.stdout);
+
+    // The environment of a guarded process, given to a process that inherited no filter.
+    let env: Vec<(&str, &str)> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| {
+            (k.starts_with("ZMEM_") || *k == "LD_PRELOAD")
+                && !matches!(
+                    *k,
+                    "ZMEM_RUN_PID" | "ZMEM_STATS_FILE" | "ZMEM_SUMMARY" | "ZMEM_REPORT_DIR"
+                )
+        })
+        .collect();
+    assert!(
+        env.iter().any(|(k, _)| *k == "ZMEM_GUARD_FILTER"),
+        "{}",
+        out.stdout
+    );
+    let got = Command::new("/bin/sh")
+        .args(["-c", filters])
+        .env_clear()
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "Seccomp_filters:\t1",
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+}
+
 #[test]
 fn fork_and_exec() {
     if !ready() {

@@ -2,7 +2,7 @@
 //! worker threads that sleep while it is empty; the submitter returns as soon as its jobs are
 //! queued.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -17,15 +17,23 @@ struct Task {
     sink: Sink,
 }
 
+/// The queue and its workers, made by the first batch: a process that never compresses a
+/// batch (most short-lived programs under `zmem run`, and forked children that exec at once)
+/// never pays for them: ~0.4 MB of queue slots written and two threads started, ~0.3-0.6 ms
+/// at each process start and fork.
+enum Lane {
+    Idle,
+    Running {
+        tx: Sender<Task>,
+        workers: Vec<JoinHandle<()>>,
+    },
+    Shut,
+}
+
 struct Inner {
-    tx: Mutex<Option<Sender<Task>>>,
-    /// The workers' end of the queue, kept until the first batch starts them: a process that
-    /// never compresses a batch (most short-lived programs under `zmem run`) never pays for
-    /// their threads, ~0.1-0.4 ms at its start and at each fork.
-    rx: Mutex<Option<Receiver<Task>>>,
-    started: AtomicBool,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    lane: Mutex<Lane>,
     nworkers: usize,
+    queue: usize,
     reject_ratio: f32,
 }
 
@@ -44,30 +52,28 @@ impl CpuBackend {
         counters: Arc<Counters>,
     ) -> Result<CpuBackend, EngineError> {
         zmem_os::thread::add_thread_preparer(zmem_codec::prepare_thread);
-        let (tx, rx) = crossbeam_channel::bounded::<Task>(queue);
         Ok(CpuBackend {
             inner: Arc::new(Inner {
-                tx: Mutex::new(Some(tx)),
-                rx: Mutex::new(Some(rx)),
-                started: AtomicBool::new(false),
-                workers: Mutex::new(Vec::with_capacity(workers)),
+                lane: Mutex::new(Lane::Idle),
                 nworkers: workers,
+                queue,
                 reject_ratio,
             }),
             counters,
         })
     }
 
-    /// Starts the workers if they are not running yet. An error only if none could start.
-    fn ensure_workers(&self) -> Result<(), EngineError> {
-        if self.inner.started.load(Ordering::Acquire) {
-            return Ok(());
+    /// The queue's sending end, the queue and its workers made first if this is the first
+    /// batch. An error after `shutdown`, or if no worker could start.
+    fn sender(&self) -> Result<Sender<Task>, EngineError> {
+        let mut lane = self.inner.lane.lock();
+        match &*lane {
+            Lane::Running { tx, .. } => return Ok(tx.clone()),
+            Lane::Shut => return Err(EngineError::Shutdown),
+            Lane::Idle => {}
         }
-        let mut handles = self.inner.workers.lock();
-        let Some(rx) = self.inner.rx.lock().take() else {
-            // Started meanwhile, or shut down (the send then fails and says so).
-            return Ok(());
-        };
+        let (tx, rx) = crossbeam_channel::bounded::<Task>(self.inner.queue);
+        let mut workers = Vec::with_capacity(self.inner.nworkers);
         let mut failure = None;
         for i in 0..self.inner.nworkers {
             let rx: Receiver<Task> = rx.clone();
@@ -93,24 +99,27 @@ impl CpuBackend {
                 }
             });
             match spawned {
-                Ok(h) => handles.push(h),
+                Ok(h) => workers.push(h),
                 Err(e) => failure = Some(e),
             }
         }
-        self.inner.started.store(true, Ordering::Release);
-        match failure {
-            Some(e) if handles.is_empty() => Err(EngineError::Config(format!(
+        if let (Some(e), true) = (failure, workers.is_empty()) {
+            // Still idle: a later batch tries again.
+            return Err(EngineError::Config(format!(
                 "cannot start a CPU worker: {e}"
-            ))),
-            _ => Ok(()),
+            )));
         }
+        *lane = Lane::Running {
+            tx: tx.clone(),
+            workers,
+        };
+        Ok(tx)
     }
 
     /// Queues the jobs in order, split into one slice per worker; blocks only while the
     /// queue is full.
     pub(crate) fn submit_jobs(&self, mut jobs: Vec<Job>, sink: Sink) -> Result<(), EngineError> {
-        let tx = self.inner.tx.lock().clone().ok_or(EngineError::Shutdown)?;
-        self.ensure_workers()?;
+        let tx = self.sender()?;
         self.counters
             .jobs_cpu
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);
@@ -139,16 +148,20 @@ impl CpuBackend {
     /// Workers running (0 until the first batch).
     #[cfg(test)]
     pub(crate) fn started_workers(&self) -> usize {
-        self.inner.workers.lock().len()
+        match &*self.inner.lane.lock() {
+            Lane::Running { workers, .. } => workers.len(),
+            _ => 0,
+        }
     }
 
     /// Finishes the queued jobs, then stops the workers.
     pub(crate) fn shutdown(&self) {
-        drop(self.inner.tx.lock().take());
-        drop(self.inner.rx.lock().take());
-        let handles = std::mem::take(&mut *self.inner.workers.lock());
-        for h in handles {
-            let _ = h.join();
+        let lane = std::mem::replace(&mut *self.inner.lane.lock(), Lane::Shut);
+        if let Lane::Running { tx, workers } = lane {
+            drop(tx);
+            for h in workers {
+                let _ = h.join();
+            }
         }
     }
 }

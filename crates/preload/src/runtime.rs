@@ -166,6 +166,9 @@ fn init() -> Result<(), InitError> {
     // A whole program on the signal route needs its system calls guarded (see zmem_region's
     // `guard` module).
     rc.guard_syscalls = config.fault_route == zmem_region::FaultRoute::Signal;
+    rc.guard_inherited = std::env::var(zmem_runenv::ENV_GUARD_FILTER)
+        .ok()
+        .and_then(|v| u64::from_str_radix(&v, 16).ok());
     zmem_os::thread::set_start_hook(heap::mark_internal);
     // zmem code on a program thread (the fork hooks) allocates from the internal heap too.
     zmem_os::thread::set_heap_switch(heap::set_internal);
@@ -187,6 +190,11 @@ fn init() -> Result<(), InitError> {
         None => None,
     };
     let region = Region::new(rc).map_err(|e| fail(e.to_string()))?;
+    if let Some(id) = zmem_region::guard::active_filter_id() {
+        // For the programs this one execs (they inherit the filter). On the program's main
+        // thread, at its start, before any other of its threads can read the environment.
+        std::env::set_var(zmem_runenv::ENV_GUARD_FILTER, format!("{id:x}"));
+    }
     // SAFETY: the region's memory lives as long as the process (RUNTIME is never dropped).
     let (heap_start, heap_len) =
         match unsafe { heap::add_region(&region, heap_part as usize, config.exact_fit) } {

@@ -354,7 +354,12 @@ impl Region {
                 }
             }
             if cfg.guard_syscalls {
-                guard::install(region_obj.base, region_obj.len, budget_pages * PAGE)?;
+                guard::install(
+                    region_obj.base,
+                    region_obj.len,
+                    budget_pages * PAGE,
+                    cfg.guard_inherited,
+                )?;
             }
             Ok(())
         });

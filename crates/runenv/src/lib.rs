@@ -90,8 +90,14 @@ pub const ENV_SUMMARY: &str = "ZMEM_SUMMARY";
 /// Where that process writes the run's report as JSON (`--stats FILE`).
 pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 
+/// Set by the library in a process whose system calls are guarded (the signal route): the id
+/// of the guard's seccomp filter (hex). A program it execs inherits that filter, and when its
+/// own would be the same (and a probe shows it in force) does not install a second copy.
+/// Process-tree state, not configuration: `zmem run` clears it.
+pub const ENV_GUARD_FILTER: &str = "ZMEM_GUARD_FILTER";
+
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 26] = [
+pub const ALL_VARS: [&str; 27] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -118,6 +124,7 @@ pub const ALL_VARS: [&str; 26] = [
     ENV_RUN_PID,
     ENV_SUMMARY,
     ENV_STATS_FILE,
+    ENV_GUARD_FILTER,
 ];
 
 /// The default resident budget when neither `ZMEM_RESIDENT` nor `ZMEM_ADAPTIVE` is set.

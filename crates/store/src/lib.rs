@@ -427,13 +427,19 @@ impl Drop for StoreCore {
         // Walking only those pages matters: a snapshot's table has ~50M slots in ~190k pages,
         // and a check per page cost 0.5-1.7 ms per dropped snapshot, on the evictor (found
         // delaying forks that waited for it to park).
-        let slots = &self.inner.slots;
+        // And only below the highest page ever stored: a store that never held a page (most
+        // processes', and most forked children's, which exec at once) has nothing to walk.
+        let stored = (self.inner.stored_end() as usize).min(self.inner.slots.len());
+        let slots = &self.inner.slots[..stored];
         let size = std::mem::size_of::<Slot>();
         let base = slots.as_ptr() as usize;
         let first_page = base / zmem_os::PAGE_SIZE;
         let table_pages = (base + slots.len() * size).div_ceil(zmem_os::PAGE_SIZE) - first_page;
-        let in_core = zmem_os::mapping::pages_in_core(slots.as_ptr().cast(), slots.len() * size)
-            .unwrap_or_else(|| (0..table_pages).collect());
+        let in_core = match stored {
+            0 => Vec::new(),
+            _ => zmem_os::mapping::pages_in_core(slots.as_ptr().cast(), slots.len() * size)
+                .unwrap_or_else(|| (0..table_pages).collect()),
+        };
         for p in in_core {
             // The slots that start in table page p.
             let page_start = (first_page + p) * zmem_os::PAGE_SIZE;
