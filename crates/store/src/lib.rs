@@ -434,11 +434,14 @@ impl Drop for StoreCore {
         let size = std::mem::size_of::<Slot>();
         let base = slots.as_ptr() as usize;
         let first_page = base / zmem_os::PAGE_SIZE;
-        let table_pages = (base + slots.len() * size).div_ceil(zmem_os::PAGE_SIZE) - first_page;
+        let table_pages =
+            (base + std::mem::size_of_val(slots)).div_ceil(zmem_os::PAGE_SIZE) - first_page;
         let in_core = match stored {
             0 => Vec::new(),
-            _ => zmem_os::mapping::pages_in_core(slots.as_ptr().cast(), slots.len() * size)
-                .unwrap_or_else(|| (0..table_pages).collect()),
+            _ => {
+                zmem_os::mapping::pages_in_core(slots.as_ptr().cast(), std::mem::size_of_val(slots))
+                    .unwrap_or_else(|| (0..table_pages).collect())
+            }
         };
         for p in in_core {
             // The slots that start in table page p.
