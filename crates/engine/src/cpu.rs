@@ -35,6 +35,9 @@ struct Inner {
     nworkers: usize,
     queue: usize,
     reject_ratio: f32,
+    /// Tests: the system refuses every worker thread (as under RLIMIT_NPROC).
+    #[cfg(test)]
+    refuse_threads: std::sync::atomic::AtomicBool,
 }
 
 /// Handle to the worker pool; clones share it.
@@ -58,6 +61,8 @@ impl CpuBackend {
                 nworkers: workers,
                 queue,
                 reject_ratio,
+                #[cfg(test)]
+                refuse_threads: std::sync::atomic::AtomicBool::new(false),
             }),
             counters,
         })
@@ -79,6 +84,11 @@ impl CpuBackend {
             let rx: Receiver<Task> = rx.clone();
             let counters = self.counters.clone();
             let reject_ratio = self.inner.reject_ratio;
+            #[cfg(test)]
+            if self.inner.refuse_threads.load(Ordering::Relaxed) {
+                failure = Some(std::io::Error::other("refused by the test"));
+                continue;
+            }
             let spawned = zmem_os::thread::spawn(format!("zmem-cpu-{i}"), move || {
                 // recv() sleeps while the queue is empty and ends when every sender is gone.
                 while let Ok(Task { jobs, sink }) = rx.recv() {
@@ -119,7 +129,33 @@ impl CpuBackend {
     /// Queues the jobs in order, split into one slice per worker; blocks only while the
     /// queue is full.
     pub(crate) fn submit_jobs(&self, mut jobs: Vec<Job>, sink: Sink) -> Result<(), EngineError> {
-        let tx = self.sender()?;
+        let tx = match self.sender() {
+            Ok(tx) => tx,
+            Err(EngineError::Shutdown) => return Err(EngineError::Shutdown),
+            Err(e) => {
+                // No worker could start (the system refused threads): the jobs are compressed
+                // here, on the caller's thread, rather than lost.
+                tracing::warn!(%e, "compressing a batch on the submitting thread");
+                self.counters
+                    .jobs_cpu
+                    .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+                for job in jobs {
+                    let result = compress_on_cpu(
+                        &self.counters,
+                        job.codec,
+                        job.dict.as_deref(),
+                        &job.input,
+                        self.inner.reject_ratio,
+                    );
+                    sink(Completion {
+                        job,
+                        result,
+                        backend: "cpu",
+                    });
+                }
+                return Ok(());
+            }
+        };
         self.counters
             .jobs_cpu
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);
@@ -143,6 +179,12 @@ impl CpuBackend {
             }
         }
         Ok(())
+    }
+
+    /// Tests: whether worker threads are refused from now on.
+    #[cfg(test)]
+    pub(crate) fn refuse_threads(&self, refuse: bool) {
+        self.inner.refuse_threads.store(refuse, Ordering::Relaxed);
     }
 
     /// Workers running (0 until the first batch).

@@ -184,6 +184,21 @@ fn cpu_workers_start_with_the_first_batch() {
     assert_eq!(workers(&unused), 0);
 }
 
+/// When the system refuses the workers' threads at the first batch, the batch is compressed on
+/// the submitting thread (every job completes once, decodable), and a later batch tries to
+/// start the workers again.
+#[test]
+fn a_batch_without_workers_is_compressed_by_its_submitter() {
+    let engine = Engine::new(cfg()).unwrap();
+    engine.shared.cpu.refuse_threads(true);
+    run_batches(&engine, 0, 20, 4, Codec::LZ4);
+    engine.shared.cpu.refuse_threads(false);
+    assert_eq!(engine.shared.cpu.started_workers(), 0);
+    run_batches(&engine, 100, 20, 4, Codec::LZ4);
+    assert_eq!(engine.shared.cpu.started_workers(), cfg().cpu_workers);
+    assert_eq!(engine.stats().jobs_cpu, 40);
+}
+
 #[test]
 fn small_batches_stay_on_the_cpu() {
     let backend = Arc::new(FaultyBackend::default());

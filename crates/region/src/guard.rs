@@ -198,8 +198,11 @@ pub(crate) fn install(
 /// The id of the filter that guards `[start, start + len)`: a hash of its instructions, the
 /// same in every process of the same zmem build with a region of that place and size.
 pub fn filter_id(start: usize, len: usize) -> u64 {
-    let filter = build_filter(start, start + len);
-    // FNV-1a over the instructions.
+    hash_filter(&build_filter(start, start + len))
+}
+
+/// FNV-1a over a filter's instructions.
+fn hash_filter(filter: &[libc::sock_filter]) -> u64 {
     filter.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, i| {
         let word = (i.code as u64) | (i.jt as u64) << 16 | (i.jf as u64) << 24 | (i.k as u64) << 32;
         word.to_le_bytes()
@@ -268,7 +271,8 @@ fn install_once(start: usize, len: usize, inherited: Option<u64>) -> Result<(), 
     START.store(start, Release);
     END.store(start + len, Release);
     give_thread_signal_stack();
-    let id = filter_id(start, len);
+    let filter = build_filter(start, start + len);
+    let id = hash_filter(&filter);
     if inherited == Some(id) && filter_in_force(start) {
         // A program exec'd by a guarded one, with the same filter: a second copy would only
         // cost its installation (~0.4 ms) and a filter run more on every system call.
@@ -276,7 +280,6 @@ fn install_once(start: usize, len: usize, inherited: Option<u64>) -> Result<(), 
         FILTER_ID.store(id, Release);
         return Ok(());
     }
-    let filter = build_filter(start, start + len);
     // Without CAP_SYS_ADMIN the kernel takes a filter only from a process that gave up gaining
     // privileges (no set-user-ID execs from now on, in this process and its children).
     // SAFETY: prctl and seccomp with valid arguments; `prog` points at `filter`, alive here.
@@ -1479,6 +1482,22 @@ mod tests {
     }
 
     const LEN: usize = 200 << 30;
+
+    /// The id a guarded process leaves for the programs it execs names its filter: the same
+    /// for the same range, another for a range whose end differs (other instructions).
+    #[test]
+    fn the_filter_id_follows_the_filter() {
+        let len = 64usize << 30;
+        assert_eq!(filter_id(GUARDED_BASE, len), filter_id(GUARDED_BASE, len));
+        assert_eq!(
+            filter_id(GUARDED_BASE, len),
+            hash_filter(&build_filter(GUARDED_BASE, GUARDED_BASE + len))
+        );
+        assert_ne!(
+            filter_id(GUARDED_BASE, len),
+            filter_id(GUARDED_BASE, 2 * len)
+        );
+    }
 
     #[test]
     fn the_filter_traps_calls_into_the_range_and_nothing_else() {
