@@ -179,7 +179,9 @@ pub struct ProgramsArgs {
     /// A program of your own, run the same three ways as the built-in ones (repeatable):
     /// NAME=COMMAND, the command a shell line (`sh -c`, from the current directory) whose
     /// stdout must be the same on every run, e.g. `--command 'xz6=xz -6 -T2 -c data.tar'`.
-    /// Given without --programs, only these commands run.
+    /// Given without --programs, only these commands run. Times, faults and evictions cover
+    /// every process of the line; the heap columns are the shell's (a line of one simple
+    /// command is exec'd by sh: then they are that program's).
     #[arg(long = "command", value_name = "NAME=COMMAND", value_parser = parse_named_command)]
     pub commands: Vec<NamedCommand>,
     /// Run plain and zmem only (no root needed): no cgroup, no zram.
