@@ -40,6 +40,24 @@ struct Inner {
     refuse_threads: std::sync::atomic::AtomicBool,
 }
 
+/// Compresses `jobs` in order on this thread, each completed through `sink`.
+fn compress_jobs(counters: &Counters, jobs: Vec<Job>, sink: &Sink, reject_ratio: f32) {
+    for job in jobs {
+        let result = compress_on_cpu(
+            counters,
+            job.codec,
+            job.dict.as_deref(),
+            &job.input,
+            reject_ratio,
+        );
+        sink(Completion {
+            job,
+            result,
+            backend: "cpu",
+        });
+    }
+}
+
 /// Handle to the worker pool; clones share it.
 #[derive(Clone)]
 pub struct CpuBackend {
@@ -92,20 +110,7 @@ impl CpuBackend {
             let spawned = zmem_os::thread::spawn(format!("zmem-cpu-{i}"), move || {
                 // recv() sleeps while the queue is empty and ends when every sender is gone.
                 while let Ok(Task { jobs, sink }) = rx.recv() {
-                    for job in jobs {
-                        let result = compress_on_cpu(
-                            &counters,
-                            job.codec,
-                            job.dict.as_deref(),
-                            &job.input,
-                            reject_ratio,
-                        );
-                        sink(Completion {
-                            job,
-                            result,
-                            backend: "cpu",
-                        });
-                    }
+                    compress_jobs(&counters, jobs, &sink, reject_ratio);
                 }
             });
             match spawned {
@@ -139,20 +144,7 @@ impl CpuBackend {
                 self.counters
                     .jobs_cpu
                     .fetch_add(jobs.len() as u64, Ordering::Relaxed);
-                for job in jobs {
-                    let result = compress_on_cpu(
-                        &self.counters,
-                        job.codec,
-                        job.dict.as_deref(),
-                        &job.input,
-                        self.inner.reject_ratio,
-                    );
-                    sink(Completion {
-                        job,
-                        result,
-                        backend: "cpu",
-                    });
-                }
+                compress_jobs(&self.counters, jobs, &sink, self.inner.reject_ratio);
                 return Ok(());
             }
         };

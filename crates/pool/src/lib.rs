@@ -355,9 +355,10 @@ impl Pool {
                 max: self.max_object_size,
             });
         }
-        let cid = self.classes().size_to_class[(len - 1) / CLASS_STEP] as usize;
-        let info = &self.classes().infos[cid];
-        let class = &self.classes().classes[cid];
+        let c = self.classes();
+        let cid = c.size_to_class[(len - 1) / CLASS_STEP] as usize;
+        let info = &c.infos[cid];
+        let class = &c.classes[cid];
         let mut st = class.state.write();
         let grew = st.free_handle == NIL && st.handles.len() == st.handles.capacity();
         st.reserve_handle()?;
@@ -389,8 +390,9 @@ impl Pool {
     /// [`PoolError::InvalidHandle`].
     pub fn free(&self, h: Handle) -> Result<(), PoolError> {
         let (cid, idx, gen) = self.decode(h)?;
-        let info = &self.classes().infos[cid];
-        let class = &self.classes().classes[cid];
+        let c = self.classes();
+        let info = &c.infos[cid];
+        let class = &c.classes[cid];
         let released = {
             let mut st = class.state.write();
             let loc = st
@@ -418,8 +420,9 @@ impl Pool {
     /// neither move nor be freed. `f` must not call into this pool.
     pub fn with_object<R>(&self, h: Handle, f: impl FnOnce(&[u8]) -> R) -> Result<R, PoolError> {
         let (cid, idx, gen) = self.decode(h)?;
-        let info = &self.classes().infos[cid];
-        let st = self.classes().classes[cid].state.read();
+        let c = self.classes();
+        let info = &c.infos[cid];
+        let st = c.classes[cid].state.read();
         let loc = st
             .resolve(idx, gen)
             .ok_or(PoolError::InvalidHandle(h.to_raw()))?;

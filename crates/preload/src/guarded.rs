@@ -39,7 +39,7 @@ macro_rules! real {
         let f = next(&$cache, $name);
         if f.is_null() {
             crate::set_errno(libc::ENOSYS);
-            return -1 as $r;
+            return (-1isize) as $r; // -1, or SIG_ERR for a handler
         }
         std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($t),*) -> $r>(f)($($a),*)
     }};
@@ -268,25 +268,6 @@ pub unsafe extern "C" fn __sigaction(
     sigaction(sig, act, old)
 }
 
-/// The C library's `name`, a function of the shape of `signal`, called; SIG_ERR with ENOSYS
-/// where it has none.
-unsafe fn real_signal_like(
-    cache: &AtomicPtr<c_void>,
-    name: &std::ffi::CStr,
-    sig: c_int,
-    handler: libc::sighandler_t,
-) -> libc::sighandler_t {
-    let f = next(cache, name);
-    if f.is_null() {
-        crate::set_errno(libc::ENOSYS);
-        return libc::SIG_ERR;
-    }
-    std::mem::transmute::<
-        *mut c_void,
-        unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t,
-    >(f)(sig, handler)
-}
-
 /// With the guard active and `sig` SIGBUS or SIGSYS: records `handler` (with the C library's
 /// `flags` for this entry point) as the program's and returns the one it replaces.
 fn record_handler(sig: c_int, handler: libc::sighandler_t, flags: c_int) -> Option<usize> {
@@ -319,8 +300,11 @@ macro_rules! signal_like {
             if let Some(previous) = record_handler(sig, handler, $flags) {
                 return previous;
             }
-            static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-            real_signal_like(&F, $lit, sig, handler)
+            real!(
+                F,
+                $lit,
+                fn(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t
+            )
         }
     };
 }
@@ -345,8 +329,11 @@ pub unsafe extern "C" fn sigset(sig: c_int, disp: libc::sighandler_t) -> libc::s
     } else if let Some(previous) = record_handler(sig, disp, 0) {
         return previous;
     }
-    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    real_signal_like(&F, c"sigset", sig, disp)
+    real!(
+        F,
+        c"sigset",
+        fn(sig: c_int, disp: libc::sighandler_t) -> libc::sighandler_t
+    )
 }
 
 /// # Safety

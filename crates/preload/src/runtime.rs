@@ -341,9 +341,6 @@ pub fn end(status: libc::c_int) {
     }
     let was = heap::set_internal(true);
     let _ = std::panic::catch_unwind(|| {
-        if !in_creator() {
-            return;
-        }
         let rt = runtime().expect("in creator");
         if let Some(sock) = &rt.socket {
             let _ = std::fs::remove_file(sock);
