@@ -21,6 +21,12 @@ impl Errno {
         Errno(unsafe { *libc::__errno_location() })
     }
 
+    /// Sets the calling thread's `errno`.
+    pub fn set(code: i32) {
+        // SAFETY: errno is thread local and always writable.
+        unsafe { *libc::__errno_location() = code };
+    }
+
     pub fn code(self) -> i32 {
         self.0
     }
@@ -31,6 +37,44 @@ impl Errno {
             .iter()
             .find(|(c, _)| *c == self.0)
             .map_or("E?", |(_, n)| n)
+    }
+}
+
+/// The calling thread's `errno`, kept across zmem's work on a program thread and put back when
+/// dropped. errno is the program's: code that sets it to 0, makes a call and takes a non-zero
+/// errno as that call's failure (`sort`'s strcoll check, `getpwnam`'s "not found") must not
+/// see the errno of a call zmem made meanwhile, in a fault served on its thread (an EEXIST or
+/// EAGAIN from the userfaultfd ioctls), a trapped system call or inside malloc.
+#[must_use]
+pub struct KeepErrno(i32);
+
+impl KeepErrno {
+    pub fn new() -> KeepErrno {
+        KeepErrno(Errno::last().0)
+    }
+
+    /// Puts errno back now and not again when dropped: before control passes to the program's
+    /// own code (a signal handler zmem forwards to), which may set it.
+    pub fn restore_now(self) {
+        drop(self)
+    }
+
+    /// Leaves errno as zmem's work set it: the work failed and errno says why.
+    pub fn dismiss(self) {
+        std::mem::forget(self)
+    }
+}
+
+impl Default for KeepErrno {
+    fn default() -> Self {
+        KeepErrno::new()
+    }
+}
+
+impl Drop for KeepErrno {
+    fn drop(&mut self) {
+        // SAFETY: errno is thread local and always writable.
+        unsafe { *libc::__errno_location() = self.0 };
     }
 }
 
@@ -120,6 +164,24 @@ mod tests {
         let rc = unsafe { libc::close(-1) };
         assert_eq!(rc, -1);
         assert_eq!(Errno::last(), Errno(libc::EBADF));
+    }
+
+    #[test]
+    fn kept_errno_comes_back_unless_dismissed() {
+        Errno::set(libc::EDOM);
+        {
+            let _kept = KeepErrno::new();
+            Errno::set(libc::EEXIST);
+        }
+        assert_eq!(Errno::last(), Errno(libc::EDOM));
+        let kept = KeepErrno::new();
+        Errno::set(libc::EAGAIN);
+        kept.restore_now();
+        assert_eq!(Errno::last(), Errno(libc::EDOM));
+        let kept = KeepErrno::new();
+        Errno::set(libc::ENOMEM);
+        kept.dismiss();
+        assert_eq!(Errno::last(), Errno(libc::ENOMEM));
     }
 
     #[test]

@@ -43,6 +43,8 @@ use std::ffi::c_void;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 
+use zmem_os::errno::KeepErrno;
+
 use crate::mi;
 
 /// Whether a thread is internal: not asked yet, the program's, zmem's (or starting zmem).
@@ -369,16 +371,12 @@ fn natural(align: usize, size: usize) -> bool {
 #[inline]
 pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mut c_void {
     if program {
-        if for_mid(size, align) {
-            let p = mid_alloc(size, zero);
-            if !p.is_null() {
-                return p;
-            }
-        }
-        let p = program_alloc(size, align, zero);
-        if p.is_null() || GROW_WANTED.load(Relaxed) {
-            // SAFETY: as this function's.
-            return grow_then_retry(p, size, || unsafe { program_alloc(size, align, zero) });
+        // zmem's calls on the way (populating, adding an arena, a fault served here) leave
+        // errno as the program had it unless the allocation fails.
+        let errno = KeepErrno::new();
+        let p = program_heap_alloc(size, align, zero);
+        if p.is_null() {
+            errno.dismiss();
         }
         return p;
     }
@@ -395,7 +393,27 @@ pub unsafe fn alloc(size: usize, align: usize, zero: bool, program: bool) -> *mu
     }
 }
 
-/// A new block of the program heap (mimalloc's main heap).
+/// A new block of the program heap: exact-fit or mimalloc's, with the heap grown if it is full.
+///
+/// # Safety
+/// `align` is a power of two.
+#[inline]
+unsafe fn program_heap_alloc(size: usize, align: usize, zero: bool) -> *mut c_void {
+    if for_mid(size, align) {
+        let p = mid_alloc(size, zero);
+        if !p.is_null() {
+            return p;
+        }
+    }
+    let p = program_alloc(size, align, zero);
+    if p.is_null() || GROW_WANTED.load(Relaxed) {
+        // SAFETY: as this function's.
+        return grow_then_retry(p, size, || unsafe { program_alloc(size, align, zero) });
+    }
+    p
+}
+
+/// A new block of mimalloc's main heap.
 ///
 /// # Safety
 /// `align` is a power of two.
@@ -458,8 +476,10 @@ fn grow_then_retry(
 #[inline]
 pub unsafe fn free(p: *mut c_void) {
     if in_mid(p) {
+        let _errno = KeepErrno::new(); // free never changes errno (POSIX.1-2024)
         mid_free(p)
     } else if in_program_heap(p) {
+        let _errno = KeepErrno::new();
         // mimalloc's large blocks are page aligned: the one test on every free.
         if p as usize % zmem_os::PAGE_SIZE == 0 {
             forget_freed_stored(p);
@@ -510,6 +530,20 @@ pub unsafe fn usable_size(p: *mut c_void) -> usize {
 /// # Safety
 /// `p` is a live block of this library's allocator, `size` > 0, `align` a power of two.
 pub unsafe fn realloc(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
+    // As in `alloc`: errno changes only if the resize fails.
+    let errno = KeepErrno::new();
+    let q = resize_block(p, size, align);
+    if q.is_null() {
+        errno.dismiss();
+    }
+    q
+}
+
+/// `realloc`'s work.
+///
+/// # Safety
+/// As `realloc`'s.
+unsafe fn resize_block(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
     if in_mid(p) {
         return mid_realloc(p, size, align);
     }

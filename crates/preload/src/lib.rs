@@ -73,8 +73,7 @@ unsafe fn resize_aligned(p: *mut c_void, size: usize, align: usize) -> *mut c_vo
 
 /// Sets the calling thread's errno (the interposed calls report errors as the C library does).
 pub(crate) fn set_errno(e: i32) {
-    // SAFETY: errno is thread local.
-    unsafe { *libc::__errno_location() = e };
+    zmem_os::Errno::set(e)
 }
 
 /// # Safety
@@ -218,6 +217,17 @@ pub unsafe extern "C" fn malloc_trim(_pad: usize) -> i32 {
 // The program's own mappings (maps.rs): private anonymous ones are served from the region's
 // map space; everything else goes to the kernel as before.
 
+/// Runs `call`, one of the program's mapping calls, leaving errno as the program had it unless
+/// the call returns `failed` (the region's own calls on the way may fail and be handled).
+fn keep_errno_unless<T: PartialEq>(failed: T, call: impl FnOnce() -> T) -> T {
+    let errno = zmem_os::errno::KeepErrno::new();
+    let r = call();
+    if r == failed {
+        errno.dismiss();
+    }
+    r
+}
+
 /// # Safety
 /// C's mmap.
 #[no_mangle]
@@ -229,7 +239,9 @@ pub unsafe extern "C" fn mmap(
     fd: i32,
     off: libc::off_t,
 ) -> *mut c_void {
-    maps::mmap(addr, len, prot, flags, fd, off)
+    keep_errno_unless(libc::MAP_FAILED, || {
+        maps::mmap(addr, len, prot, flags, fd, off)
+    })
 }
 
 /// # Safety
@@ -250,7 +262,7 @@ pub unsafe extern "C" fn mmap64(
 /// C's munmap.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> i32 {
-    maps::munmap(addr, len)
+    keep_errno_unless(-1, || maps::munmap(addr, len))
 }
 
 /// # Safety
@@ -270,19 +282,21 @@ pub unsafe extern "C" fn mremap(
     } else {
         std::ptr::null_mut()
     };
-    maps::mremap(old, old_len, new_len, flags, new_addr)
+    keep_errno_unless(libc::MAP_FAILED, || {
+        maps::mremap(old, old_len, new_len, flags, new_addr)
+    })
 }
 
 /// # Safety
 /// C's madvise.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32 {
-    maps::madvise(addr, len, advice)
+    keep_errno_unless(-1, || maps::madvise(addr, len, advice))
 }
 
 /// # Safety
 /// C's mprotect.
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: i32) -> i32 {
-    maps::mprotect(addr, len, prot)
+    keep_errno_unless(-1, || maps::mprotect(addr, len, prot))
 }

@@ -102,8 +102,7 @@ mod sys {
 }
 
 fn errno() -> c_int {
-    // SAFETY: errno is thread local.
-    unsafe { *libc::__errno_location() }
+    zmem_os::Errno::last().code()
 }
 
 fn fail<T>(e: c_int, value: T) -> T {

@@ -606,11 +606,15 @@ fn on_zmem_thread() -> bool {
 const SYS_SECCOMP: i32 = 1;
 
 extern "C" fn on_sigsys(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // The call's result goes back in a register (the C library's wrapper sets errno from it):
+    // errno itself stays as the program left it, whatever zmem's own calls below fail with.
+    let kept = zmem_os::errno::KeepErrno::new();
     // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler.
     unsafe {
         let words = info as *const i32;
         let (errno, code, nr) = (*words.add(1), *words.add(2), *words.add(6));
         if code != SYS_SECCOMP || errno as u32 != TRAP_DATA {
+            kept.restore_now();
             forward(&PROGRAM_SYS, sig, info, ctx);
             return;
         }
@@ -652,6 +656,8 @@ pub fn would_trap(nr: i64, a: &[u64; 6]) -> bool {
 /// brought back and pinned first; on zmem's own threads, and in zmem's code serving a fault,
 /// the plain call); returns what the kernel returns (`-errno` on failure).
 pub fn call_for_program(nr: i64, a: [u64; 6]) -> i64 {
+    // The caller sets errno from the result; a call that succeeds leaves it as it was.
+    let _errno = zmem_os::errno::KeepErrno::new();
     WRAPPED.fetch_add(1, Relaxed);
     // As in the handler: zmem code on the program's thread allocates from zmem's heap.
     let call = || zmem_os::thread::as_zmem(|| dispatch(nr, a));

@@ -215,11 +215,14 @@ fn find(addr: usize) -> Option<(&'static Slot, &'static Arc<Shared>)> {
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // The interrupted code's errno comes back as it was, whatever the calls below fail with.
+    let errno = zmem_os::errno::KeepErrno::new();
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
     // A missing page of a region is BUS_ADRERR; a poisoned page (corrupt data) is not ours to
     // serve.
     let Some((slot, shared)) = (code == libc::BUS_ADRERR).then(|| find(addr)).flatten() else {
+        errno.restore_now();
         forward(sig, info, ctx);
         return;
     };
@@ -231,6 +234,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             crate::forked::Asked::Answered => {}
             crate::forked::Asked::Unserved => {
                 say_forked_child();
+                errno.restore_now();
                 forward(sig, info, ctx);
             }
         }
