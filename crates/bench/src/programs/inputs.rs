@@ -213,13 +213,15 @@ pub fn prepare(p: Program, bin: &Path, dir: &Path, scale: f64) -> anyhow::Result
 }
 
 /// How a `--command NAME=COMMAND` runs: `sh -c COMMAND` in the directory the bench was
-/// started from (its paths are the user's), with nothing on stdin. No version is asked for:
-/// the user's program is never run with arguments it was not given.
+/// started from (its paths are the user's), in the user's environment (locale included: a
+/// `sort` in a UTF-8 locale takes another path than under LC_ALL=C, and that path found a bug
+/// the C locale hid), with nothing on stdin. No version is asked for: the user's program is
+/// never run with arguments it was not given.
 pub fn command_job(c: &super::NamedCommand) -> Job {
     Job {
         program: c.name.clone(),
         argv: vec!["/bin/sh".into(), "-c".into(), c.line.clone()],
-        env: vec![("LC_ALL".to_string(), "C".to_string())],
+        env: Vec::new(),
         stdin: None,
         input_bytes: 0,
         version: String::new(),
