@@ -14,6 +14,15 @@
 //! gate follows the data: when the tries stop winning (data that nothing shrinks), pages are
 //! tried at once again and a caller of `write_if_smaller` learns at once that they do not
 //! compress.
+//!
+//! The wait adapts ([`next_wait`]): a program that scans a set larger than its budget brings
+//! every page back within seconds, so each try is paid again at every pass, and every fault
+//! then decodes zstd. A JVM summing 200 MB of int arrays at `--resident 32M` (lz4 cannot shrink
+//! them, zstd-1 halves them) made 118k tries, all wins, 2.6 s of codec CPU, and ran 6.8 s
+//! against 4.5–6.3 s with the pages left raw. While most of the coded pages come back the wait
+//! doubles (up to [`WAIT_MAX_MS`]); while few do it halves (down to [`LATER_AFTER_MS`]). Past
+//! the shortest wait a page refused while the queue is full is stored raw without a try: the
+//! pages queued first are the ones closest to their try.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,8 +38,27 @@ use crate::StoreCore;
 pub(crate) const ENTROPY_CODEC: Codec = Codec::Zstd { level: 1 };
 
 /// A deferred page is tried once it has stayed stored this long (the `auto` policy's idle
-/// interval).
+/// interval): the shortest wait.
 pub const LATER_AFTER_MS: u32 = 1000;
+
+/// The longest wait.
+pub const WAIT_MAX_MS: u32 = 32_000;
+
+/// The wait is reconsidered after this many tries won.
+const WAIT_WINDOW: u32 = 256;
+
+/// The wait after a window in which `coded` pages were shrunk by the entropy coder and `back`
+/// pages it had shrunk were read back: doubled if at least half came back (the coded pages
+/// are not cold), halved if at most one in eight did.
+pub(crate) fn next_wait(wait_ms: u32, coded: u32, back: u32) -> u32 {
+    if back.saturating_mul(2) >= coded {
+        wait_ms.saturating_mul(2).min(WAIT_MAX_MS)
+    } else if back.saturating_mul(8) <= coded {
+        (wait_ms / 2).max(LATER_AFTER_MS)
+    } else {
+        wait_ms
+    }
+}
 
 /// Tries are deferred while at least this many of the last 32 won.
 const DEFER_WINS: u32 = 24;
@@ -53,6 +81,11 @@ pub(crate) fn defer(outcomes: u32, seen: u32) -> bool {
 pub(crate) struct Later {
     outcomes: AtomicU32,
     seen: AtomicU32,
+    /// How long a page waits for its try now ([`next_wait`]), and the window's counts: pages
+    /// the coder shrank, and pages it had shrunk read back.
+    wait_ms: AtomicU32,
+    coded: AtomicU32,
+    back: AtomicU32,
     /// Page index and the store's clock (ms) when it was stored raw, oldest first. A page
     /// read back, rewritten or discarded since stays listed: the pass skips it (its state no
     /// longer has `LATER`).
@@ -66,11 +99,26 @@ struct Queue {
     pushed: usize,
 }
 
+impl Queue {
+    /// Drops the listed pages that no longer owe their try (read back, rewritten or discarded
+    /// since) from a full queue; at most once per quarter of it pushed since the last time, so
+    /// that a queue of pages that really wait costs no scan per page.
+    fn compact_if_full(&mut self, still_owes: impl Fn(u64) -> bool) {
+        if self.pages.len() >= MAX_LATER && self.pushed >= MAX_LATER / 4 {
+            self.pages.retain(|&(index, _)| still_owes(index));
+            self.pushed = 0;
+        }
+    }
+}
+
 impl Later {
     pub(crate) fn new() -> Later {
         Later {
             outcomes: AtomicU32::new(0),
             seen: AtomicU32::new(0),
+            wait_ms: AtomicU32::new(LATER_AFTER_MS),
+            coded: AtomicU32::new(0),
+            back: AtomicU32::new(0),
             queue: Mutex::new(Queue {
                 pages: VecDeque::new(),
                 pushed: 0,
@@ -95,26 +143,55 @@ impl Later {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
                 Some(h << 1 | u32::from(won))
             });
+        if won {
+            self.coded.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// Lists page `index`, just stored raw with `LATER`.
-    pub(crate) fn push(&self, index: u64) {
+    /// A page the entropy coder shrank was read back.
+    pub(crate) fn came_back(&self) {
+        self.back.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The wait now.
+    pub(crate) fn wait_ms(&self) -> u32 {
+        self.wait_ms.load(Ordering::Relaxed)
+    }
+
+    /// Reconsiders the wait once a window of tries won is complete (on the pass's thread).
+    fn adjust_wait(&self) {
+        let coded = self.coded.load(Ordering::Relaxed);
+        if coded < WAIT_WINDOW {
+            return;
+        }
+        let back = self.back.swap(0, Ordering::Relaxed);
+        self.coded.fetch_sub(coded, Ordering::Relaxed);
+        let wait = next_wait(self.wait_ms(), coded, back);
+        self.wait_ms.store(wait, Ordering::Relaxed);
+    }
+
+    /// Lists page `index`, just stored raw with `LATER`, if the queue has room (after dropping
+    /// the listed pages that no longer owe their try, `still_owes` false).
+    pub(crate) fn push(&self, index: u64, still_owes: impl Fn(u64) -> bool) {
         let now = self.now_ms();
         let mut q = self.queue.lock();
         if q.pages.capacity() == 0 {
             // Once, up front: no reallocation while pages are evicted.
             q.pages.reserve_exact(MAX_LATER);
         }
-        q.pages.push_back((index, now));
-        q.pushed += 1;
+        q.compact_if_full(still_owes);
+        if q.pages.len() < MAX_LATER {
+            q.pages.push_back((index, now));
+            q.pushed += 1;
+        }
     }
 
     /// The oldest listed page that has waited long enough.
     fn pop_due(&self) -> Option<u64> {
-        let now = self.now_ms();
+        let (now, wait) = (self.now_ms(), self.wait_ms());
         let mut q = self.queue.lock();
         match q.pages.front() {
-            Some(&(index, at)) if now.saturating_sub(at) >= LATER_AFTER_MS => {
+            Some(&(index, at)) if now.saturating_sub(at) >= wait => {
                 q.pages.pop_front();
                 Some(index)
             }
@@ -131,7 +208,9 @@ impl crate::Inner {
     /// Whether the page the policy's codec just refused is stored raw now and tried later: the
     /// gate is open and the queue has room. A full queue first drops the pages read back,
     /// rewritten or discarded since they were listed (a program that thrashes lists the same
-    /// pages again and again, and the pass runs only between its faults).
+    /// pages again and again, and the pass runs only between its faults). Past the shortest
+    /// wait, a page refused while the queue is still full is stored raw too, without a try
+    /// (`push` leaves it out): coded pages have been coming back.
     pub(crate) fn defer_entropy(&self) -> bool {
         let Some(later) = self.later.as_ref() else {
             return false;
@@ -139,15 +218,17 @@ impl crate::Inner {
         if !later.gate_open() {
             return false;
         }
-        let mut q = later.queue.lock();
-        // A full queue is compacted at most once per quarter of it pushed since the last time,
-        // so that a queue of pages that really wait costs no scan per page.
-        if q.pages.len() >= MAX_LATER && q.pushed >= MAX_LATER / 4 {
-            q.pages
-                .retain(|&(index, _)| self.slots[index as usize].peek().has(LATER));
-            q.pushed = 0;
+        if later.wait_ms() > LATER_AFTER_MS {
+            return true;
         }
+        let mut q = later.queue.lock();
+        q.compact_if_full(|index| self.still_owes_entropy(index));
         q.pages.len() < MAX_LATER
+    }
+
+    /// Whether page `index` is still stored raw owing its entropy try.
+    pub(crate) fn still_owes_entropy(&self, index: u64) -> bool {
+        self.slots[index as usize].peek().has(LATER)
     }
 }
 
@@ -161,6 +242,7 @@ impl StoreCore {
         let Some(later) = self.inner.later.as_ref() else {
             return 0;
         };
+        later.adjust_wait();
         let mut tried = 0;
         while tried < max {
             let Some(index) = later.pop_due() else {

@@ -402,6 +402,7 @@ impl StoreCore {
             entropy_tries: c.entropy_tries.load(Ordering::Relaxed),
             entropy_wins: c.entropy_wins.load(Ordering::Relaxed),
             entropy_deferred: c.entropy_deferred.load(Ordering::Relaxed),
+            entropy_wait_ms: self.inner.later.as_ref().map_or(0, |l| l.wait_ms().into()),
             not_stored: c.not_stored.load(Ordering::Relaxed),
             lower_pages: c.lower.load(Ordering::Relaxed),
             lower_bytes: c.lower_bytes.load(Ordering::Relaxed),

@@ -8,6 +8,7 @@ use std::time::Instant;
 use zmem_codec::{CodecError, PAGE_SIZE};
 use zmem_pool::{Handle, PoolError};
 
+use crate::entropy::ENTROPY_CODEC;
 use crate::pending::Pending;
 use crate::slot::{State, BLOCK, IDLE, LOWER, OBJECT, PENDING, SAME};
 use crate::{Inner, StoreCore, StoreError, SCRATCH};
@@ -40,12 +41,19 @@ impl StoreCore {
             let mut held: Option<(usize, State, u64)> = None;
             let mut result = Ok(());
             let cold_id = inner.cold.as_ref().map(|c| c.codec.id() as u8);
+            // Pages the entropy coder shrank (under a policy whose own codec is another).
+            let entropy = inner.later.as_ref().map(|l| (l, ENTROPY_CODEC.id() as u8));
             for i in 0..n as usize {
                 let index = start + i as u64;
                 let slot = &inner.slots[index as usize];
                 let (st, aux) = slot.lock();
                 if matches!(st.kind(), OBJECT | BLOCK) && Some(st.codec()) == cold_id {
                     inner.counters.cold_reads.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Some((later, id)) = entropy {
+                    if st.kind() == OBJECT && st.codec() == id {
+                        later.came_back();
+                    }
                 }
                 let out = &mut buf[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
                 let mut keep = false;

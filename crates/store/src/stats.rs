@@ -59,6 +59,9 @@ pub struct StoreStats {
     /// later tries count in `entropy_tries` and `entropy_wins` too.
     #[serde(default)]
     pub entropy_deferred: u64,
+    /// How long a page stored raw waits for its deferred try now, in ms (it grows while the
+    /// pages the coder shrank come back soon; 0 without `entropy_later`).
+    pub entropy_wait_ms: u64,
     /// Pages offered with `write_if_smaller` that would not have saved memory (not stored).
     #[serde(default)]
     pub not_stored: u64,

@@ -1185,6 +1185,81 @@ fn entropy_tries_are_left_for_later_and_made_by_the_pass() {
 }
 
 #[test]
+fn the_entropy_wait_grows_while_coded_pages_come_back() {
+    use crate::entropy::{next_wait, WAIT_MAX_MS};
+    let min = LATER_AFTER_MS;
+    assert_eq!(next_wait(min, 256, 128), 2 * min, "half came back: doubled");
+    assert_eq!(
+        next_wait(min, 256, 400),
+        2 * min,
+        "more reads than tries count as all"
+    );
+    assert_eq!(
+        next_wait(WAIT_MAX_MS, 256, 256),
+        WAIT_MAX_MS,
+        "no longer than the most"
+    );
+    assert_eq!(next_wait(4 * min, 256, 32), 2 * min, "one in eight: halved");
+    assert_eq!(next_wait(4 * min, 256, 0), 2 * min);
+    assert_eq!(next_wait(min, 256, 0), min, "no shorter than the least");
+    assert_eq!(next_wait(4 * min, 256, 64), 4 * min, "in between: kept");
+}
+
+/// The store's side of the wait: tries won and coded pages read back are counted, and the pass
+/// reconsiders the wait once a window of wins is complete.
+#[test]
+fn the_entropy_wait_follows_what_comes_back() {
+    let n = 400u64;
+    let s = store_with_entropy_later(n);
+    let pages: Vec<Vec<u8>> = (0..n).map(skewed_random).collect();
+    let write_all = |s: &PageStore| {
+        for (i, p) in pages.iter().enumerate() {
+            assert!(s.write_if_smaller(i as u64, p).unwrap(), "page {i} stored");
+        }
+    };
+    write_all(&s);
+    assert_eq!(s.stats().entropy_wait_ms, u64::from(LATER_AFTER_MS));
+    std::thread::sleep(Duration::from_millis(u64::from(LATER_AFTER_MS) + 50));
+    s.entropy_pass(usize::MAX);
+    let st = s.stats();
+    assert_eq!(st.entropy_wins, n, "every page coded: {st:?}");
+    assert_eq!(
+        st.entropy_wait_ms,
+        u64::from(LATER_AFTER_MS),
+        "no decision yet"
+    );
+    // Every coded page comes back (a scan over a set larger than the budget).
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(&read_page(&s, i as u64), p);
+    }
+    assert_eq!(s.entropy_pass(0), 0);
+    let doubled = 2 * u64::from(LATER_AFTER_MS);
+    assert_eq!(
+        s.stats().entropy_wait_ms,
+        doubled,
+        "they came back: wait longer"
+    );
+    // Stored again: the gate is open, so they wait (now twice as long) for their try.
+    write_all(&s);
+    std::thread::sleep(Duration::from_millis(u64::from(LATER_AFTER_MS) + 50));
+    assert_eq!(
+        s.entropy_pass(usize::MAX),
+        0,
+        "not due after the shortest wait"
+    );
+    std::thread::sleep(Duration::from_millis(u64::from(LATER_AFTER_MS)));
+    assert!(s.entropy_pass(usize::MAX) > 0, "due after the longer one");
+    // This time none comes back: the next decision halves the wait.
+    let st = s.stats();
+    assert!(st.entropy_wins >= n + 256, "{st:?}");
+    assert_eq!(s.entropy_pass(0), 0);
+    assert_eq!(s.stats().entropy_wait_ms, u64::from(LATER_AFTER_MS));
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(&read_page(&s, i as u64), p, "page {i}");
+    }
+}
+
+#[test]
 fn the_entropy_gate_follows_the_data() {
     let s = store_with_entropy_later(2000);
     for i in 0..100 {

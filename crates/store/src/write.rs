@@ -73,7 +73,7 @@ impl StoreCore {
                     .counters
                     .entropy_deferred
                     .fetch_add(1, Ordering::Relaxed);
-                l.push(index);
+                l.push(index, |i| inner.still_owes_entropy(i));
             }
         }
         Ok(true)
