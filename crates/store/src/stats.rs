@@ -61,6 +61,7 @@ pub struct StoreStats {
     pub entropy_deferred: u64,
     /// How long a page stored raw waits for its deferred try now, in ms (it grows while the
     /// pages the coder shrank come back soon; 0 without `entropy_later`).
+    #[serde(default)]
     pub entropy_wait_ms: u64,
     /// Pages offered with `write_if_smaller` that would not have saved memory (not stored).
     #[serde(default)]
