@@ -79,7 +79,12 @@ impl Shared {
         }
         let st = inner.state.get(idx);
         match st {
-            Faulting => return Served::Done, // another handler maps it and wakes every waiter
+            // Another fault maps it, and its mapping wakes every thread waiting on the page;
+            // but it may have mapped it already, the program run on, dropped the page
+            // (madvise: its REMOVE leaves a Faulting page alone) and touched it again: this
+            // message is then the only one, and nothing else would wake the thread (a test hung
+            // so in CI). Served once that fault has recorded its outcome.
+            Faulting => return Served::Retry,
             Poisoned => {
                 drop(inner);
                 if let Err(e) = s.uffd.poison(addr, PAGE) {
@@ -380,6 +385,10 @@ impl Shared {
             }
         }
         let mut over_share = false;
+        let delay = self.mapped_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
         let mut inner = s.inner.lock();
         for (k, &kind) in kinds.iter().enumerate() {
             let i = lo + k;

@@ -285,6 +285,7 @@ impl Region {
             event_delay_us: AtomicU64::new(0),
             fork_hold_us: AtomicU64::new(0),
             run_delay_us: AtomicU64::new(0),
+            mapped_delay_us: AtomicU64::new(0),
             move_delay_us: AtomicU64::new(0),
             unreported_moves: AtomicUsize::new(0),
             incompressible_said: AtomicBool::new(false),
@@ -557,6 +558,15 @@ impl Region {
     pub fn delay_fault_around_for_tests(&self, delay: Duration) {
         self.shared()
             .run_delay_us
+            .store(delay.as_micros() as u64, Relaxed);
+    }
+
+    /// Tests only: a fault waits `delay` between mapping its pages (the faulting thread runs on)
+    /// and recording them resident, as a handler preempted there does.
+    #[doc(hidden)]
+    pub fn delay_after_mapping_for_tests(&self, delay: Duration) {
+        self.shared()
+            .mapped_delay_us
             .store(delay.as_micros() as u64, Relaxed);
     }
 

@@ -1240,6 +1240,55 @@ fn reuse_right_after_madvise(r: &Region) {
 }
 
 #[test]
+fn a_page_dropped_and_touched_right_after_its_fault_was_mapped_is_served() {
+    // A fault maps its page (which wakes the thread) and records it resident a moment later.
+    // If the program drops the page meanwhile (madvise: its REMOVE leaves a page being faulted
+    // in alone) and touches it again, the new fault's message is the only one: a handler that
+    // took the page in that state for "the other fault wakes the thread" left the thread
+    // waiting for ever (seen once in CI, in the test above, handler route). The delay stands
+    // for the first fault's handler preempted between mapping and recording.
+    let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
+    cfg.fault_route = zmem_region::FaultRoute::Handler;
+    cfg.handler_threads = 2;
+    let Some(r) = region_with(cfg) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    // Page 0 written, then pushed out by twice the budget of other pages, and settled.
+    fill(page_mut(&r, 0), 0, 1);
+    for i in 1..pages.min(1 + 2 * (MIB as usize) / PAGE) {
+        fill(page_mut(&r, i), i, 1);
+    }
+    let t = Instant::now();
+    while r.stats().staged > 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    r.delay_after_mapping_for_tests(Duration::from_millis(300));
+    // The fault brings page 0 back; its handler then waits before recording it.
+    check(page_mut(&r, 0), 0, 1);
+    // SAFETY: page 0 of our region; written again right after.
+    let rc = unsafe { libc::madvise(r.as_ptr().cast(), PAGE, libc::MADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    // Touched again at once, from another thread so that a lost fault fails the test instead
+    // of hanging it (the region's drop then wakes that thread).
+    let at = r.as_ptr() as usize;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // SAFETY: page 0 of the region, which outlives the wait below (or the test fails).
+        let page = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, PAGE) };
+        fill(page, 0, 2);
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "the write to a page dropped while its fault was being recorded was never served: {:?}",
+        r.stats()
+    );
+    r.delay_after_mapping_for_tests(Duration::ZERO);
+    check(page_mut(&r, 0), 0, 2);
+}
+
+#[test]
 fn a_page_dropped_and_written_again_during_a_fork_keeps_its_new_content() {
     // While a fork is in progress the handlers only read messages (glibc holds the malloc
     // locks), so a REMOVE read then is applied after the child's snapshot; the program's
