@@ -491,7 +491,6 @@ pub unsafe fn free(p: *mut c_void) {
         if p as usize % zmem_os::PAGE_SIZE == 0 {
             let _errno = KeepErrno::new();
             forget_freed_stored(p);
-            return inside_mimalloc(|| mi::mi_free(p));
         }
         inside_mimalloc(|| mi::mi_free(p))
     } else if !p.is_null() {

@@ -347,10 +347,7 @@ impl Shared {
             }
         }
         let _moving = Moving(&s.moving);
-        let delay = self.move_delay_us.load(Relaxed);
-        if delay > 0 {
-            std::thread::sleep(Duration::from_micros(delay));
-        }
+        crate::manager::test_pause(&self.move_delay_us);
         req.n = n as u64;
         let reply = self.ask_child(l, &req);
         let pid = l.pid;

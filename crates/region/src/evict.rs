@@ -316,10 +316,7 @@ impl Shared {
             return None;
         }
         self.counters.staged_now.store(victims.len(), Relaxed);
-        let delay = self.move_delay_us.load(Relaxed);
-        if delay > 0 {
-            std::thread::sleep(Duration::from_micros(delay));
-        }
+        crate::manager::test_pause(&self.move_delay_us);
         // Move each victim out, a run of adjacent pages at a time, under the space lock, which
         // range events are applied under: a victim the program dropped since it was picked
         // (its REMOVE applied, so no longer Staged) is left where it is, since the page now at

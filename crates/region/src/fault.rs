@@ -270,10 +270,7 @@ impl Shared {
         // the program dropped meanwhile is mapped after the kernel's zap (see `Runs`): those
         // are left out, and the run shrinks to the pages around ours that none falls between.
         let mut held = (run > 1).then(|| {
-            let delay = self.run_delay_us.load(Relaxed);
-            if delay > 0 {
-                std::thread::sleep(Duration::from_micros(delay));
-            }
+            crate::manager::test_pause(&self.run_delay_us);
             s.inner.lock()
         });
         let (first, end) = match held.as_mut() {
@@ -385,10 +382,7 @@ impl Shared {
             }
         }
         let mut over_share = false;
-        let delay = self.mapped_delay_us.load(Relaxed);
-        if delay > 0 {
-            std::thread::sleep(Duration::from_micros(delay));
-        }
+        crate::manager::test_pause(&self.mapped_delay_us);
         let mut inner = s.inner.lock();
         for (k, &kind) in kinds.iter().enumerate() {
             let i = lo + k;

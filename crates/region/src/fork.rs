@@ -59,10 +59,7 @@ fn prepare() {
             s.prepare_spare_store();
             s.fork_gate_close();
             s.open_child_link();
-            let hold = s.fork_hold_us.load(Relaxed);
-            if hold > 0 {
-                std::thread::sleep(std::time::Duration::from_micros(hold));
-            }
+            crate::manager::test_pause(&s.fork_hold_us);
         }
     }
     // Kept across the fork; released by atfork_parent and atfork_child.

@@ -921,6 +921,15 @@ pub(crate) fn lost_descriptor(fd: i32) -> ! {
     }
 }
 
+/// Tests only: waits the microseconds in `delay` (one of `Shared`'s `*_delay_us` hooks, or
+/// `fork_hold_us`), standing for a thread preempted at that point; nothing when it is 0.
+pub(crate) fn test_pause(delay: &AtomicU64) {
+    let us = delay.load(Relaxed);
+    if us > 0 {
+        std::thread::sleep(Duration::from_micros(us));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Runs;
