@@ -1420,6 +1420,87 @@ fn errno_stays_the_programs() {
     }
 }
 
+/// A library constructor that calls `newlocale` before zmem has started (libp11-kit's, in
+/// gdb's process): zmem starts inside a malloc made with glibc's locale lock held, and its
+/// start must not take that lock (tests/c/locale_ctor.c). It did, through `duplocale` in
+/// `pthread_create`: the lock was left with a reader count of -1 and the program's first
+/// `setlocale` waited forever (`gdb` under `zmem run` hung before printing anything).
+#[test]
+fn a_locale_made_before_zmem_starts_leaves_the_locale_lock_alone() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/locale_ctor.c");
+    let lib = dir.path().join("liblocale_ctor.so");
+    let res = Command::new("cc")
+        .args(["-O2", "-Wall", "-DLOCALE_LIB", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let d = dir.path().display().to_string();
+    let prog = compile(
+        "locale_ctor",
+        dir.path(),
+        &[
+            &format!("-L{d}"),
+            "-llocale_ctor",
+            &format!("-Wl,-rpath,{d}"),
+        ],
+    );
+    for route in ["signal", "handler"] {
+        ok_at_4m(
+            route,
+            &prog,
+            &[std::ffi::OsStr::new("16")],
+            dir.path(),
+            "locale_ctor",
+            Duration::from_secs(60),
+            "ALL OK",
+        );
+    }
+}
+
+/// A debugger's `run` on the signal route: vfork, PTRACE_TRACEME in the child, exec with the
+/// strings in the evicted heap, the program traced with its signals passed on
+/// (tests/c/traced_child.c). The child used to fault on its parent's heap after TRACEME and
+/// stop for its tracer, which was still inside vfork: `zmem run -- gdb -ex run` hung.
+#[test]
+fn a_debugger_starts_its_program_from_an_evicted_heap() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("traced_child", dir.path(), &[]);
+    for route in ["signal", "handler"] {
+        let out = ok_at_4m(
+            route,
+            &prog,
+            &[std::ffi::OsStr::new("/bin/echo")],
+            dir.path(),
+            "traced_child",
+            Duration::from_secs(60),
+            "traced: ok",
+        );
+        for round in 0..3 {
+            let line = format!("traced round-{round}\n");
+            assert!(
+                out.stdout.contains(&line),
+                "{route}: no {line:?} in {}",
+                out.stdout
+            );
+        }
+    }
+}
+
 /// On the signal route a call through the C library's `read`, `poll`, `epoll_wait`, ... with a
 /// buffer in the heap is made by the preload's wrapper without the filter's trap (a SIGSYS
 /// costs ~2.8 µs; redis lost 15% of its GETs to them), while a raw syscall(2) is still trapped

@@ -5,6 +5,16 @@
 
 use crate::Errno;
 
+/// Whether processes `a` and `b` share one address space (kcmp(2) KCMP_VM): a vfork or
+/// posix_spawn child and its parent do, a forked child and its parent do not. False when
+/// either is gone or kcmp is refused.
+pub fn same_address_space(a: libc::pid_t, b: libc::pid_t) -> bool {
+    /// kcmp(2)'s type for "same address space" (linux/kcmp.h).
+    const KCMP_VM: libc::c_int = 1;
+    // SAFETY: kcmp compares two processes' address spaces and reads no memory of ours.
+    a > 0 && b > 0 && unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_VM, 0, 0) } == 0
+}
+
 /// Copies `buf.len()` bytes at `addr` in process (or thread) `pid` into `buf`. A short copy
 /// (part of the range is not mapped there) is EFAULT.
 pub fn read(pid: libc::pid_t, addr: usize, buf: &mut [u8]) -> Result<(), Errno> {

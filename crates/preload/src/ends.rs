@@ -65,6 +65,7 @@ macro_rules! forward {
             return -1;
         }
         runtime::hand_off();
+        crate::guarded::trace_me_if_owed();
         std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($t),*) -> c_int>(f)($($a),*)
     }};
 }

@@ -25,7 +25,10 @@
 
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize};
+
+use zmem_os::errno::KeepErrno;
 
 use zmem_region::guard::{self, KernelSigaction};
 
@@ -499,7 +502,7 @@ pub unsafe extern "C" fn pthread_create(
         // Without the guard nothing is kept; the thread is still prepared in `run_started`.
         let (stack_in_heap, held) = if guarded {
             let stack_in_heap = !attr.is_null() && hold_stack_top(attr);
-            let ctype = ctype_data();
+            let ctype = GLOBAL_CTYPE.load(Relaxed);
             let held = guard::keep_in_memory(ctype, ctype + 2 * zmem_region::PAGE);
             (stack_in_heap, held)
         } else {
@@ -696,9 +699,110 @@ extern "C" fn run_started(p: *mut c_void) -> *mut c_void {
     start(arg)
 }
 
+/// The pid of a vfork child whose `ptrace(PTRACE_TRACEME)` waits for its exec (0: none).
+///
+/// On the signal route a fault is a SIGBUS in the faulting thread, and a traced process stops
+/// at every signal until its tracer lets it go on. A debugger starts its program with vfork,
+/// PTRACE_TRACEME in the child, then exec (gdb's `run`); the child shares the debugger's
+/// memory, so between the two it faults on the debugger's heap (the environment, the argument
+/// strings), stops for its tracer, and the tracer, still inside vfork until the child execs or
+/// exits, never lets it go on: gdb hung at `run`. So a vfork child's TRACEME is made at its
+/// exec, after the exec wrapper has brought back and pinned the strings the exec reads, with
+/// nothing in between that touches the heap (`trace_me_if_owed`). The tracer sees nothing of
+/// the child before the exec either way. The pid, not a flag: the child shares this static
+/// with its parent, which must not take the child's call as its own.
+static TRACE_ME_AT_EXEC: AtomicI32 = AtomicI32::new(0);
+
+/// # Safety
+/// C's ptrace, whose last three arguments are variadic in glibc's prototype: on x86-64 they are
+/// passed in the same registers as fixed ones, and every request takes at most these three.
+#[no_mangle]
+pub unsafe extern "C" fn ptrace(
+    request: c_int,
+    pid: libc::pid_t,
+    addr: *mut c_void,
+    data: *mut c_void,
+) -> libc::c_long {
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"ptrace");
+    if f.is_null() {
+        crate::set_errno(libc::ENOSYS);
+        return -1;
+    }
+    if request == libc::PTRACE_TRACEME as c_int && guard::active() && in_vfork_child() {
+        TRACE_ME_AT_EXEC.store(libc::getpid(), Relaxed);
+        return 0;
+    }
+    type Ptrace = unsafe extern "C" fn(c_int, ...) -> libc::c_long;
+    std::mem::transmute::<*mut c_void, Ptrace>(f)(request, pid, addr, data)
+}
+
+/// Whether this process runs in its parent's memory (a vfork child).
+fn in_vfork_child() -> bool {
+    // SAFETY: getpid and getppid cannot fail.
+    unsafe { zmem_os::remote::same_address_space(libc::getpid(), libc::getppid()) }
+}
+
+/// Makes the PTRACE_TRACEME this vfork child was asked for (see `TRACE_ME_AT_EXEC`): called
+/// by the exec wrappers right before the C library's exec, with its strings in memory.
+pub(crate) fn trace_me_if_owed() {
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() };
+    if TRACE_ME_AT_EXEC.load(Relaxed) == me && TRACE_ME_AT_EXEC.swap(0, Relaxed) == me {
+        static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+        let f = next(&F, c"ptrace");
+        if !f.is_null() {
+            type Ptrace = unsafe extern "C" fn(c_int, ...) -> libc::c_long;
+            // SAFETY: the C library's ptrace; TRACEME reads no pointer. A failure (already
+            // traced) is what the program's own call would have met; its exec goes on.
+            unsafe {
+                std::mem::transmute::<*mut c_void, Ptrace>(f)(
+                    libc::PTRACE_TRACEME as c_int,
+                    0,
+                    null_mut::<c_void>(),
+                    null_mut::<c_void>(),
+                )
+            };
+        }
+    }
+}
+
+/// The global locale's LC_CTYPE data (see `ctype_data`) as the last `setlocale` that could
+/// change it left it; 0 before (the C locale's data is static, never in the heap).
+///
+/// Looked up here and not in `pthread_create`: `duplocale` takes glibc's locale lock, and a
+/// thread can reach `pthread_create` while it holds that lock (zmem starting its threads in a
+/// malloc made by `newlocale`, as in libp11-kit's constructor in gdb's process). glibc's
+/// rwlock then answers EDEADLK, which duplocale ignores: its unlock released the lock under
+/// newlocale, whose own unlock left the lock's reader count at -1, and the program's next
+/// `setlocale` waited forever (tests/c/locale_ctor.c).
+static GLOBAL_CTYPE: AtomicUsize = AtomicUsize::new(0);
+
+/// # Safety
+/// C's setlocale.
+#[no_mangle]
+pub unsafe extern "C" fn setlocale(category: c_int, locale: *const c_char) -> *mut c_char {
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"setlocale");
+    if f.is_null() {
+        return null_mut(); // setlocale's failure, which sets no errno
+    }
+    type SetLocale = unsafe extern "C" fn(c_int, *const c_char) -> *mut c_char;
+    let r = std::mem::transmute::<*mut c_void, SetLocale>(f)(category, locale);
+    // A query (NULL) changes nothing; a failed call leaves the locale as it was.
+    if !r.is_null() && !locale.is_null() && (category == libc::LC_ALL || category == libc::LC_CTYPE)
+    {
+        let _errno = KeepErrno::new();
+        let ctype = zmem_os::thread::as_zmem(ctype_data);
+        GLOBAL_CTYPE.store(ctype, Relaxed);
+    }
+    r
+}
+
 /// The address of the global locale's LC_CTYPE data (`struct __locale_data`, the first of
 /// glibc's `locale_t` fields), 0 if unknown. Its pointer is not exported; a copy of the global
-/// locale shares it.
+/// locale shares it. Takes glibc's locale lock: only from `setlocale`, after the C library's
+/// own call has released it.
 fn ctype_data() -> usize {
     #[repr(C)]
     struct LocaleStruct {

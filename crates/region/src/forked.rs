@@ -220,14 +220,9 @@ pub(crate) fn ask(sock: RawFd, owner: i32, page: usize) -> Asked {
     if sock < 0 {
         return Asked::Unserved;
     }
-    // SAFETY: getpid and kcmp (compares two processes' address spaces) read none of our memory.
+    // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
-    let same_memory = |other: i32| {
-        const KCMP_VM: libc::c_int = 1;
-        // SAFETY: as above.
-        other > 0 && unsafe { libc::syscall(libc::SYS_kcmp, me, other, KCMP_VM, 0, 0) } == 0
-    };
-    let pid = if me == owner || same_memory(owner) {
+    let pid = if me == owner || zmem_os::remote::same_address_space(me, owner) {
         owner
     } else {
         me

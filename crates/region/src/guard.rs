@@ -818,15 +818,36 @@ impl Ranges {
         self.add_whole(start, len.min(PIN_CAP.load(Relaxed)))
     }
 
-    /// Adds `[start, start + len)` clipped to the guarded range only.
+    /// Adds `[start, start + len)` clipped to the guarded range only. A range on the same
+    /// pages as one already listed, or on the pages next to them, joins it (pins and touches
+    /// are by page): an exec's argument and environment arrays are one range, not one per
+    /// slot, and strings allocated together share theirs. With a range per slot, an
+    /// environment of 30 variables filled the list, the rest of it was neither pinned nor
+    /// brought back, and the exec failed with EFAULT.
     fn add_whole(&mut self, start: usize, len: usize) {
-        if len == 0 || self.n == self.list.len() {
+        if len == 0 {
             return;
         }
         let (gs, ge) = (START.load(Relaxed), END.load(Relaxed));
         let s = start.max(gs);
         let e = start.saturating_add(len).min(ge);
         if s < e {
+            self.insert(s, e);
+        }
+    }
+
+    /// Adds the non-empty `[s, e)`, joined to a listed range on the same or neighbouring pages
+    /// (see `add_whole`); dropped when the list is full and it joins none.
+    fn insert(&mut self, s: usize, e: usize) {
+        let (first, last) = (s / PAGE, (e - 1) / PAGE);
+        for r in &mut self.list[..self.n] {
+            let (rfirst, rlast) = (r.0 / PAGE, (r.1 - 1) / PAGE);
+            if first <= rlast + 1 && rfirst <= last + 1 {
+                *r = (r.0.min(s), r.1.max(e));
+                return;
+            }
+        }
+        if self.n < self.list.len() {
             self.list[self.n] = (s, e);
             self.n += 1;
         }
@@ -1488,6 +1509,42 @@ mod tests {
     }
 
     const LEN: usize = 200 << 30;
+
+    /// An exec's arrays and strings: ranges on the same or neighbouring pages are one, so
+    /// that an environment of hundreds of variables fits the list.
+    #[test]
+    fn ranges_on_the_same_pages_are_joined() {
+        let base = GUARDED_BASE;
+        let mut r = Ranges::default();
+        // An array of 500 pointers, added slot by slot: one range.
+        for k in 0..500 {
+            r.insert(base + 8 * k, base + 8 * k + 8);
+        }
+        assert_eq!(&r.list[..r.n], &[(base, base + 4000)]);
+        // Strings on the array's last page and the next one join it; one a page further
+        // away does not.
+        r.insert(base + 4090, base + 4100);
+        r.insert(base + 2 * PAGE - 3, base + 2 * PAGE - 1);
+        r.insert(base + 3 * PAGE + 5, base + 3 * PAGE + 9);
+        assert_eq!(
+            &r.list[..r.n],
+            &[
+                (base, base + 2 * PAGE - 1),
+                (base + 3 * PAGE + 5, base + 3 * PAGE + 9)
+            ]
+        );
+        // A range that bridges two listed ones joins the first (both stay listed: pins and
+        // touches of a page twice are harmless).
+        r.insert(base + 2 * PAGE, base + 3 * PAGE);
+        assert_eq!(r.list[0], (base, base + 3 * PAGE));
+        // 300 strings on pages far apart: the list keeps the first 64 ranges.
+        let mut far = Ranges::default();
+        for k in 0..300 {
+            far.insert(base + k * 4 * PAGE, base + k * 4 * PAGE + 10);
+        }
+        assert_eq!(far.n, far.list.len());
+        assert_eq!(far.list[63], (base + 252 * PAGE, base + 252 * PAGE + 10));
+    }
 
     /// The id a guarded process leaves for the programs it execs names its filter: the same
     /// for the same range, another for a range whose end differs (other instructions).

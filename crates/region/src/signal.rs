@@ -264,15 +264,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 /// the creator's to serve. A forked child has memory of its own, whose pages the parent's
 /// userfaultfd cannot map.
 fn in_creators_memory(creator: u32) -> bool {
-    /// kcmp(2)'s type for "same address space" (linux/kcmp.h).
-    const KCMP_VM: libc::c_int = 1;
-    // SAFETY: getpid cannot fail; kcmp compares two processes' address spaces and reads no
-    // memory of ours.
-    unsafe {
-        let me = libc::getpid();
-        me as u32 == creator
-            || libc::syscall(libc::SYS_kcmp, me, creator as libc::pid_t, KCMP_VM, 0, 0) == 0
-    }
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() };
+    me as u32 == creator || zmem_os::remote::same_address_space(me, creator as libc::pid_t)
 }
 
 /// Whether `addr` is in the calling thread's dynamic thread vector (glibc x86_64: the TCB's
