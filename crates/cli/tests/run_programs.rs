@@ -1468,6 +1468,32 @@ fn a_locale_made_before_zmem_starts_leaves_the_locale_lock_alone() {
     }
 }
 
+/// posix_spawn with its file actions (paths glibc keeps in the heap), attributes, argument and
+/// environment strings in the evicted heap, as ninja spawns each build step
+/// (tests/c/spawn_actions.c). The spawn child runs in the parent's memory with its handlers
+/// reset: it died of SIGBUS reading the actions, or of SIGSYS on the trapped `openat` of a
+/// heap path (every ninja step failed silently; cmake called the compiler broken).
+#[test]
+fn posix_spawn_file_actions_in_the_evicted_heap() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("spawn_actions", dir.path(), &[]);
+    for route in ["signal", "handler"] {
+        ok_at_4m(
+            route,
+            &prog,
+            &[dir.path().as_os_str()],
+            dir.path(),
+            "spawn_actions",
+            Duration::from_secs(60),
+            "spawn: ok",
+        );
+    }
+}
+
 /// A debugger's `run` on the signal route: vfork, PTRACE_TRACEME in the child, exec with the
 /// strings in the evicted heap, the program traced with its signals passed on
 /// (tests/c/traced_child.c). The child used to fault on its parent's heap after TRACEME and
@@ -1498,6 +1524,15 @@ fn a_debugger_starts_its_program_from_an_evicted_heap() {
                 out.stdout
             );
         }
+        // The traced program is told once that its tracer sees zmem's signals (signal route
+        // only: the handler route serves faults without any).
+        let told = out.stderr.matches("runs under a tracer").count();
+        assert_eq!(
+            told,
+            if route == "signal" { 3 } else { 0 },
+            "{route}: {}",
+            out.stderr
+        );
     }
 }
 

@@ -50,7 +50,7 @@ extern "C" {
 }
 
 /// The process's environment array (read on the program's thread, which is allowed).
-fn environ_now() -> Argv {
+pub(crate) fn environ_now() -> Argv {
     // SAFETY: reading the C library's `environ` pointer itself, on the program's thread.
     unsafe { environ }
 }

@@ -395,24 +395,161 @@ type Spawn = unsafe extern "C" fn(
     Argv,
 ) -> c_int;
 
-/// The C library's `posix_spawn` or `posix_spawnp` (`f`, null: ENOSYS), with the path and
-/// the strings pinned (`guard::with_exec_strings`).
-unsafe fn spawn_with_strings(
-    f: *mut c_void,
+/// The arguments of a `posix_spawn` or `posix_spawnp`.
+struct SpawnCall {
     pid: *mut libc::pid_t,
     path: *const c_char,
     actions: *const libc::posix_spawn_file_actions_t,
     attr: *const libc::posix_spawnattr_t,
     argv: Argv,
     envp: Argv,
-) -> c_int {
+}
+
+/// The C library's `posix_spawn` or `posix_spawnp` (`f`, null: ENOSYS), with the path and
+/// the strings pinned (`guard::with_exec_strings`; for `posix_spawnp` the process's
+/// environment too, where the child looks up PATH), and, under the guard, the file actions
+/// and the attributes given as copies outside the heap ([`SpawnCopies`]).
+///
+/// Why copies: the child runs in the parent's memory with every handler reset to the default
+/// (glibc's spawn child does so itself, with raw calls), so neither a fault (SIGBUS) nor a
+/// trapped call (SIGSYS) can be served there: it ends the child. ninja's `addopen(0,
+/// "/dev/null")` keeps its path in the heap, and the child's `openat` of it was trapped:
+/// every build step of ninja (cmake's compiler check first) died with SIGSYS and no message.
+unsafe fn spawn_with_strings(f: *mut c_void, call: SpawnCall, search_path: bool) -> c_int {
+    let SpawnCall {
+        pid,
+        path,
+        actions,
+        attr,
+        argv,
+        envp,
+    } = call;
     if f.is_null() {
         return libc::ENOSYS;
     }
     let spawn = std::mem::transmute::<*mut c_void, Spawn>(f);
-    guard::with_exec_strings(path as usize, argv as usize, envp as usize, || {
-        spawn(pid, path, actions, attr, argv, envp)
-    })
+    if !guard::active() {
+        return spawn(pid, path, actions, attr, argv, envp);
+    }
+    let copies = zmem_os::thread::as_zmem(|| SpawnCopies::of(actions, attr));
+    let (actions, attr) = copies.pointers(actions, attr);
+    let environ = if search_path {
+        crate::ends::environ_now()
+    } else {
+        std::ptr::null()
+    };
+    let r = guard::with_exec_strings(0, 0, environ as usize, || {
+        guard::with_exec_strings(path as usize, argv as usize, envp as usize, || {
+            spawn(pid, path, actions, attr, argv, envp)
+        })
+    });
+    zmem_os::thread::as_zmem(|| drop(copies));
+    r
+}
+
+/// glibc's `posix_spawn_file_actions_t` (posix/spawn.h): the actions are an array of
+/// `struct __spawn_action` (posix/spawn_int.h) the spawn child reads.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FileActions {
+    allocated: c_int,
+    used: c_int,
+    actions: *mut SpawnAction,
+    pad: [c_int; 16],
+}
+
+/// glibc's `struct __spawn_action`: a tag, then a union whose largest member is
+/// `open_action { int fd; char *path; int oflag; mode_t mode; }` (at offset 8).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SpawnAction {
+    tag: c_int,
+    words: [usize; 3],
+}
+
+const _: () = assert!(std::mem::size_of::<SpawnAction>() == 32);
+const _: () = assert!(
+    std::mem::size_of::<FileActions>() == std::mem::size_of::<libc::posix_spawn_file_actions_t>()
+);
+
+/// `__spawn_action` tags whose union holds a path: `spawn_do_open` (path in the second word)
+/// and `spawn_do_chdir` (the first), the same in every glibc that has them.
+const SPAWN_DO_OPEN: c_int = 2;
+const SPAWN_DO_CHDIR: c_int = 3;
+
+/// Copies of a spawn's file actions (their array and paths) and attributes in zmem's own
+/// memory, never evicted: what the spawn child reads.
+struct SpawnCopies {
+    /// The head (pointing at the list's buffer, which stays where it is), the list, and the
+    /// paths the list points at.
+    actions: Option<(FileActions, Vec<SpawnAction>, Vec<std::ffi::CString>)>,
+    attr: Option<libc::posix_spawnattr_t>,
+}
+
+impl SpawnCopies {
+    /// # Safety
+    /// `actions` and `attr` are null or initialised objects of their types.
+    unsafe fn of(
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+    ) -> SpawnCopies {
+        let actions = (!actions.is_null()).then(|| {
+            let head = *actions.cast::<FileActions>();
+            let n = head.used.max(0) as usize;
+            let mut list = if n == 0 || head.actions.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(head.actions, n).to_vec()
+            };
+            let mut paths = Vec::new();
+            for a in &mut list {
+                let slot = match a.tag {
+                    SPAWN_DO_OPEN => 1,
+                    SPAWN_DO_CHDIR => 0,
+                    _ => continue,
+                };
+                let p = a.words[slot] as *const c_char;
+                if !p.is_null() {
+                    let copy = std::ffi::CStr::from_ptr(p).to_owned();
+                    a.words[slot] = copy.as_ptr() as usize;
+                    paths.push(copy);
+                }
+            }
+            let head = FileActions {
+                allocated: list.len() as c_int,
+                used: list.len() as c_int,
+                actions: list.as_mut_ptr(),
+                ..head
+            };
+            (head, list, paths)
+        });
+        SpawnCopies {
+            actions,
+            attr: (!attr.is_null()).then(|| *attr),
+        }
+    }
+
+    /// The pointers to give the C library: the copies where there are some.
+    fn pointers(
+        &self,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+    ) -> (
+        *const libc::posix_spawn_file_actions_t,
+        *const libc::posix_spawnattr_t,
+    ) {
+        let actions = match &self.actions {
+            Some((head, _, _)) => {
+                head as *const FileActions as *const libc::posix_spawn_file_actions_t
+            }
+            None => actions,
+        };
+        let attr = match &self.attr {
+            Some(a) => a as *const libc::posix_spawnattr_t,
+            None => attr,
+        };
+        (actions, attr)
+    }
 }
 
 /// # Safety
@@ -427,15 +564,15 @@ pub unsafe extern "C" fn posix_spawn(
     envp: Argv,
 ) -> c_int {
     static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    spawn_with_strings(
-        next(&F, c"posix_spawn"),
+    let call = SpawnCall {
         pid,
         path,
         actions,
         attr,
         argv,
         envp,
-    )
+    };
+    spawn_with_strings(next(&F, c"posix_spawn"), call, false)
 }
 
 /// # Safety
@@ -450,15 +587,15 @@ pub unsafe extern "C" fn posix_spawnp(
     envp: Argv,
 ) -> c_int {
     static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-    spawn_with_strings(
-        next(&F, c"posix_spawnp"),
+    let call = SpawnCall {
         pid,
-        file,
+        path: file,
         actions,
         attr,
         argv,
         envp,
-    )
+    };
+    spawn_with_strings(next(&F, c"posix_spawnp"), call, true)
 }
 
 /// # Safety

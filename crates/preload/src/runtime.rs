@@ -233,6 +233,9 @@ fn init() -> Result<(), InitError> {
     if RUNTIME.set(rt).is_err() {
         return Err(fail("zmem started twice".into()));
     }
+    if zmem_region::guard::active() {
+        say_if_traced();
+    }
     // After the heap's part (mimalloc's arenas end inside it).
     let maps_start = base + heap_part as usize;
     crate::maps::init(maps_start, maps_start + maps_len as usize).map_err(fail)?;
@@ -240,6 +243,31 @@ fn init() -> Result<(), InitError> {
     // the exit status, which the run's report needs.
     unsafe { on_exit(at_exit, std::ptr::null_mut()) };
     Ok(())
+}
+
+/// One line on stderr for a process started under a tracer (a debugger's `run`, `strace`) on
+/// the signal route: its faults and the guard's traps are signals, at each of which the
+/// tracer stops it (gdb by default stops and reports SIGBUS or SIGSYS, where the program
+/// itself saw nothing).
+fn say_if_traced() {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return;
+    };
+    let tracer = status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    if tracer != 0 {
+        eprintln!(
+            "zmem: {} (pid {}) runs under a tracer (pid {tracer}): zmem serves its evicted pages \
+             with SIGBUS and its system calls into them with SIGSYS, which the tracer sees; in \
+             gdb: handle SIGBUS SIGSYS nostop noprint pass (or run with --fault-route handler)",
+            program_name(),
+            // SAFETY: getpid cannot fail.
+            unsafe { libc::getpid() }
+        );
+    }
 }
 
 /// This process's statistics.

@@ -286,6 +286,7 @@ impl Region {
             fork_hold_us: AtomicU64::new(0),
             run_delay_us: AtomicU64::new(0),
             mapped_delay_us: AtomicU64::new(0),
+            own_page_refusals: AtomicU64::new(0),
             move_delay_us: AtomicU64::new(0),
             unreported_moves: AtomicUsize::new(0),
             incompressible_said: AtomicBool::new(false),
@@ -559,6 +560,14 @@ impl Region {
         self.shared()
             .run_delay_us
             .store(delay.as_micros() as u64, Relaxed);
+    }
+
+    /// Tests only: the next `n` faults that map a run of pages (fault-around) find the kernel
+    /// refusing their own page (EAGAIN, as while a range event is pending) while the rest of
+    /// the run maps; each is then retried.
+    #[doc(hidden)]
+    pub fn refuse_own_page_of_runs_for_tests(&self, n: u64) {
+        self.shared().own_page_refusals.store(n, Relaxed);
     }
 
     /// Tests only: a fault waits `delay` between mapping its pages (the faulting thread runs on)

@@ -542,6 +542,9 @@ pub(crate) struct Shared {
     /// Tests only (`Region::delay_after_mapping_for_tests`): microseconds a fault waits between
     /// mapping its pages (which wakes the faulting thread) and recording them resident.
     pub mapped_delay_us: AtomicU64,
+    /// Tests only (`Region::refuse_own_page_of_runs_for_tests`): runs whose own page the
+    /// kernel is made to refuse.
+    pub own_page_refusals: AtomicU64,
     /// Tests only (`Region::delay_moves_for_tests`): microseconds an eviction batch waits
     /// between picking its victims and moving them out.
     pub move_delay_us: AtomicU64,

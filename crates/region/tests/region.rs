@@ -1445,6 +1445,48 @@ fn a_page_dropped_while_fault_around_reads_it_reads_zeros() {
 }
 
 #[test]
+fn pages_a_run_mapped_around_a_refused_own_page_are_resident() {
+    // A walk's fault maps a run of pages; when its own page is refused (EAGAIN) and the others
+    // map, the others are mapped for good: they must be recorded resident. They went back to
+    // Stored ("handled on their own faults", which never come for a mapped page), and a
+    // calloc of their block (`zero_pages`) then forgot the stored copy and left the old bytes.
+    for route in [
+        zmem_region::FaultRoute::Signal,
+        zmem_region::FaultRoute::Handler,
+    ] {
+        let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
+        cfg.fault_route = route;
+        let Some(r) = region_with(cfg) else {
+            return;
+        };
+        // Four times the budget: the first pages leave DRAM.
+        let pages = 4 * MIB as usize / PAGE;
+        for i in 0..pages {
+            fill(page_mut(&r, i), i, 1);
+        }
+        let before = r.stats().fault_around_pages;
+        r.refuse_own_page_of_runs_for_tests(1);
+        // Pages 0, 1, 2: two steps up, then a walk: page 3's fault maps a run after it.
+        for i in 0..=3 {
+            check(page_mut(&r, i), i, 1);
+        }
+        let mapped_around = r.stats().fault_around_pages - before;
+        // SAFETY: this thread alone uses the region.
+        unsafe { r.zero_pages(0, 64 * PAGE) }.unwrap();
+        for i in 0..64 {
+            assert!(
+                page_mut(&r, i).iter().all(|&b| b == 0),
+                "{route:?}: page {i} kept its bytes after zero_pages"
+            );
+        }
+        assert!(mapped_around > 0, "{route:?}: no run was mapped");
+        for i in 64..pages {
+            check(page_mut(&r, i), i, 1);
+        }
+    }
+}
+
+#[test]
 fn a_page_a_cut_run_moved_without_saying_so_keeps_its_content() {
     // Eviction moves runs of adjacent victims in one UFFDIO_MOVE; when a run is cut, the rest
     // is moved page by page. A victim the cut run did move (the count said otherwise) is found
