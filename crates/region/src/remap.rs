@@ -173,11 +173,11 @@ impl Shared {
     /// said `said`: a cut run's count can fall short of what it moved (see "A run that moved
     /// more than it said" in docs/DESIGN-NOTES.md). A page counted as not moved was copied
     /// next: from its old address, now empty (zeros, mapped as a resident page's), over its
-    /// moved content at the new one, which stayed marked Absent while mapped; a later calloc
-    /// of that block left the stale page alone (`malloc_stress`: "calloc memory is not
-    /// zero", and a realloc'd block with another page's bytes). The kernel moves a run in
-    /// order, so the pages past the count whose old address is empty and new one mapped moved.
-    /// Under the space lock: nothing else maps or moves them meanwhile.
+    /// moved content at the new one, which stayed marked Absent while mapped, so that a later
+    /// calloc of that block would keep its bytes (the symptom of the fault-around bug fixed in
+    /// session 40, fault.rs). The kernel moves a run in order, so the pages past the count
+    /// whose old address is empty and new one mapped moved. Under the space lock: nothing
+    /// else maps or moves them meanwhile.
     fn moved_beyond_count(
         &self,
         s: &crate::manager::Space,
