@@ -1353,6 +1353,18 @@ fn ok_at_4m(
     out
 }
 
+/// [`ok_at_4m`] on the signal route, then on the handler route: the two outcomes, in that order.
+fn ok_at_4m_on_both_routes(
+    prog: &Path,
+    args: &[&std::ffi::OsStr],
+    dir: &Path,
+    tag: &str,
+    timeout: Duration,
+    want: &str,
+) -> [(&'static str, Finished); 2] {
+    ["signal", "handler"].map(|route| (route, ok_at_4m(route, prog, args, dir, tag, timeout, want)))
+}
+
 /// The signal route (`--fault-route signal`): system calls whose buffers are in the evicted
 /// heap (files, pipes between threads with futexes in the heap, writev/readv and
 /// sendmsg/recvmsg, poll/epoll/getdents and a raw syscall(2), the program's own SIGBUS and
@@ -1455,17 +1467,14 @@ fn a_locale_made_before_zmem_starts_leaves_the_locale_lock_alone() {
             &format!("-Wl,-rpath,{d}"),
         ],
     );
-    for route in ["signal", "handler"] {
-        ok_at_4m(
-            route,
-            &prog,
-            &[std::ffi::OsStr::new("16")],
-            dir.path(),
-            "locale_ctor",
-            Duration::from_secs(60),
-            "ALL OK",
-        );
-    }
+    ok_at_4m_on_both_routes(
+        &prog,
+        &[std::ffi::OsStr::new("16")],
+        dir.path(),
+        "locale_ctor",
+        Duration::from_secs(60),
+        "ALL OK",
+    );
 }
 
 /// posix_spawn with its file actions (paths glibc keeps in the heap), attributes, argument and
@@ -1481,17 +1490,14 @@ fn posix_spawn_file_actions_in_the_evicted_heap() {
     let _g = heavy();
     let dir = tmpdir();
     let prog = compile("spawn_actions", dir.path(), &[]);
-    for route in ["signal", "handler"] {
-        ok_at_4m(
-            route,
-            &prog,
-            &[dir.path().as_os_str()],
-            dir.path(),
-            "spawn_actions",
-            Duration::from_secs(60),
-            "spawn: ok",
-        );
-    }
+    ok_at_4m_on_both_routes(
+        &prog,
+        &[dir.path().as_os_str()],
+        dir.path(),
+        "spawn_actions",
+        Duration::from_secs(60),
+        "spawn: ok",
+    );
 }
 
 /// A debugger's `run` on the signal route: vfork, PTRACE_TRACEME in the child, exec with the
@@ -1506,16 +1512,15 @@ fn a_debugger_starts_its_program_from_an_evicted_heap() {
     let _g = heavy();
     let dir = tmpdir();
     let prog = compile("traced_child", dir.path(), &[]);
-    for route in ["signal", "handler"] {
-        let out = ok_at_4m(
-            route,
-            &prog,
-            &[std::ffi::OsStr::new("/bin/echo")],
-            dir.path(),
-            "traced_child",
-            Duration::from_secs(60),
-            "traced: ok",
-        );
+    let runs = ok_at_4m_on_both_routes(
+        &prog,
+        &[std::ffi::OsStr::new("/bin/echo")],
+        dir.path(),
+        "traced_child",
+        Duration::from_secs(60),
+        "traced: ok",
+    );
+    for (route, out) in runs {
         for round in 0..3 {
             let line = format!("traced round-{round}\n");
             assert!(

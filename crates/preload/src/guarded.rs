@@ -433,16 +433,18 @@ unsafe fn spawn_with_strings(f: *mut c_void, call: SpawnCall, search_path: bool)
     }
     let copies = zmem_os::thread::as_zmem(|| SpawnCopies::of(actions, attr));
     let (actions, attr) = copies.pointers(actions, attr);
-    let environ = if search_path {
-        crate::ends::environ_now()
-    } else {
-        std::ptr::null()
-    };
-    let r = guard::with_exec_strings(0, 0, environ as usize, || {
+    let run = || {
         guard::with_exec_strings(path as usize, argv as usize, envp as usize, || {
             spawn(pid, path, actions, attr, argv, envp)
         })
-    });
+    };
+    // posix_spawnp's child reads PATH from `environ`: held too, unless it is `envp` itself.
+    let environ = crate::ends::environ_now();
+    let r = if search_path && environ != envp {
+        guard::with_exec_strings(0, 0, environ as usize, run)
+    } else {
+        run()
+    };
     zmem_os::thread::as_zmem(|| drop(copies));
     r
 }
