@@ -1481,7 +1481,9 @@ fn a_locale_made_before_zmem_starts_leaves_the_locale_lock_alone() {
 /// environment strings in the evicted heap, as ninja spawns each build step
 /// (tests/c/spawn_actions.c). The spawn child runs in the parent's memory with its handlers
 /// reset: it died of SIGBUS reading the actions, or of SIGSYS on the trapped `openat` of a
-/// heap path (every ninja step failed silently; cmake called the compiler broken).
+/// heap path (every ninja step failed silently; cmake called the compiler broken). Then
+/// `popen` and `system` of a command in the evicted heap, whose spawn is glibc's own: its
+/// execve got EFAULT and the shell never ran (popen read nothing).
 #[test]
 fn posix_spawn_file_actions_in_the_evicted_heap() {
     if !ready() {

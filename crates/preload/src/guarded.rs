@@ -18,7 +18,8 @@
 //!   region needs no signal frame); a stack the program sets there is recorded and reported
 //!   as the thread's, and installed only if it has 64 KiB or more (`guard::PROGRAM_STACK_MIN`).
 //!   An alternate stack in the heap stays in DRAM while it is installed.
-//! - The exec wrappers (`ends.rs`) and `posix_spawn[p]` bring back the strings they pass.
+//! - The exec wrappers (`ends.rs`), `posix_spawn[p]`, `popen` and `system` bring back the
+//!   strings they pass.
 //! - `read`, `write`, `pread[64]`, `pwrite[64]`, `recv[from]`, `send[to]`, `epoll_wait`,
 //!   `poll`: a call with a buffer in the region is made as the trap would make it, without the
 //!   trap; any other goes to the C library.
@@ -598,6 +599,54 @@ pub unsafe extern "C" fn posix_spawnp(
         envp,
     };
     spawn_with_strings(next(&F, c"posix_spawnp"), call, true)
+}
+
+/// Runs `f`, a C library call that starts `sh -c command` through glibc's internal spawn
+/// (`popen`, `system`), with the command and the environment's strings pinned, as
+/// `posix_spawn` has them (`guard::with_exec_strings`). That spawn is glibc's own and never
+/// reaches the `posix_spawn` wrapper: its child, in the parent's memory with every handler
+/// reset, had the kernel read an evicted command for execve, got EFAULT and exited 127
+/// (`popen` of a command built in the heap read nothing, every time, at a 4M budget). The
+/// allocations `f` makes (popen's stream and its file actions, which the child reads) go to
+/// zmem's own heap (`as_zmem`), never evicted; the program's free hands them back there.
+unsafe fn shell_with_strings<R>(command: *const c_char, f: impl FnOnce() -> R) -> R {
+    if !guard::active() {
+        return f();
+    }
+    let environ = crate::ends::environ_now();
+    guard::with_exec_strings(command as usize, 0, environ as usize, || {
+        zmem_os::thread::as_zmem(f)
+    })
+}
+
+/// # Safety
+/// C's popen.
+#[no_mangle]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"popen");
+    if f.is_null() {
+        crate::set_errno(libc::ENOSYS);
+        return null_mut();
+    }
+    type Popen = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
+    let popen = std::mem::transmute::<*mut c_void, Popen>(f);
+    shell_with_strings(command, || popen(command, mode))
+}
+
+/// # Safety
+/// C's system.
+#[no_mangle]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    static F: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+    let f = next(&F, c"system");
+    if f.is_null() {
+        crate::set_errno(libc::ENOSYS);
+        return -1;
+    }
+    let system =
+        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char) -> c_int>(f);
+    shell_with_strings(command, || system(command))
 }
 
 /// # Safety

@@ -4,6 +4,8 @@
  * memory with every signal handler reset to the default, so on the signal route it can serve
  * neither a fault nor a trapped call: its openat of the heap path was trapped and the child
  * died of SIGSYS (ninja: "FAILED" with no output; cmake: "the C++ compiler is broken").
+ * Then popen and system, whose spawn is glibc's own, with the command and the environment in
+ * the evicted heap.
  * Usage: spawn_actions DIR (a directory to write in). */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -72,6 +74,36 @@ int main(int argc, char **argv) {
         free(fa); free(attr); free(out); free(path); free(devnull); free(cd);
         for (int k = 0; k < 3; k++) free(args[k]);
         free(args);
+    }
+    /* popen and system: glibc's own spawn (not posix_spawn above) runs `sh -c` with the
+     * command and the environment in the evicted heap. Its child got EFAULT from execve for
+     * an evicted command and exited 127: popen read nothing. */
+    char *val = malloc(64);
+    snprintf(val, 64, "word-%d", (int)getpid());
+    CHECK(setenv("ZMEM_SPAWN_WORD", val, 1) == 0, "setenv");
+    for (int round = 0; round < 3; round++) {
+        char *cmd = malloc(256);
+        snprintf(cmd, 256, "echo popen round %d $ZMEM_SPAWN_WORD", round);
+        char *mode = strdup("r");
+        evict();
+        FILE *p = popen(cmd, mode);
+        CHECK(p != NULL, "popen");
+        char got[256] = {0};
+        if (p) {
+            size_t n = fread(got, 1, sizeof got - 1, p);
+            got[n] = 0;
+            int st = pclose(p);
+            CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "pclose: status %#x", st);
+        }
+        char want[256];
+        snprintf(want, sizeof want, "popen round %d %s\n", round, val);
+        CHECK(strcmp(got, want) == 0, "popen round %d read '%s'", round, got);
+        snprintf(cmd, 256, "test \"$ZMEM_SPAWN_WORD\" = %s && exit %d", val, 10 + round);
+        evict();
+        int st = system(cmd);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 10 + round, "system round %d: status %#x", round, st);
+        free(cmd);
+        free(mode);
     }
     printf(bad ? "spawn: %d failed\n" : "spawn: ok\n", bad);
     return bad != 0;
