@@ -88,6 +88,28 @@ where
     })
 }
 
+/// Spawns a named zmem thread in a process just forked (the fork's child hook), running the
+/// start hook but not [`prepare_this_thread`]: the lock library's shared table of waiting
+/// threads was copied with whatever lock a parent thread held in it at the fork (a thread
+/// parking on or waking a contended lock), and that thread does not exist here. Making the
+/// new thread's record there locks every bucket when the table grows: both `zmem-child`
+/// threads of a forked test child waited in `grow_hashtable` forever (found beside a test whose
+/// four threads contend on a region's locks). `f` must never wait on a contended
+/// `parking_lot` lock.
+pub fn spawn_in_forked_child<F, T>(name: String, f: F) -> io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    debug_assert!(name.starts_with(NAME_PREFIX), "zmem thread named {name}");
+    let builder = std::thread::Builder::new().name(name);
+    let _blocked = AsyncSignalsBlocked::new();
+    builder.stack_size(STACK_SIZE).spawn(move || {
+        run_start_hook();
+        f()
+    })
+}
+
 /// Functions that make a crate's per-thread state on the calling thread, run by
 /// [`prepare_this_thread`]; null: free.
 static PREPARERS: [AtomicPtr<()>; 16] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 16];

@@ -192,8 +192,9 @@ impl Shared {
         let slots = self.staging + STAGING_SLOTS * PAGE;
         let owed = self.stored_at_fork.load(Relaxed);
         let raw = std::os::fd::IntoRawFd::into_raw_fd(b);
-        let spawned =
-            zmem_os::thread::spawn("zmem-child".into(), move || child_thread(raw, slots, owed));
+        let spawned = zmem_os::thread::spawn_in_forked_child("zmem-child".into(), move || {
+            child_thread(raw, slots, owed)
+        });
         if spawned.is_err() {
             // The parent's requests then find the link closed: no eviction here.
             close_raw(raw);

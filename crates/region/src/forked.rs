@@ -30,7 +30,7 @@
 //! system calls.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
 use zmem_os::Errno;
 
@@ -60,6 +60,8 @@ pub(crate) struct FaultLink {
     closed: AtomicBool,
     /// Other processes of the family whose space is known (see [`FaultLink::bind`]).
     bound: parking_lot::Mutex<Vec<Bound>>,
+    /// The page the owner asked for last (see [`FaultLink::owner_asks_again`]).
+    owner_last: AtomicU64,
 }
 
 /// A process of a family tied to its space (the space's address), and the page it asked for
@@ -84,6 +86,7 @@ impl FaultLink {
             owner: AtomicI32::new(0),
             closed: AtomicBool::new(false),
             bound: parking_lot::Mutex::new(Vec::new()),
+            owner_last: AtomicU64::new(0),
         }
     }
 
@@ -128,6 +131,12 @@ impl FaultLink {
     /// Whether `pid` is the child the link was made for (its own space serves it).
     pub fn is_owner(&self, pid: i32) -> bool {
         pid != 0 && self.owner.load(Relaxed) == pid
+    }
+
+    /// Whether the owner asks for the page it asked for last: served in the space the link
+    /// was given to, yet still missing, so that space is not its own.
+    pub fn owner_asks_again(&self, addr: u64) -> bool {
+        self.owner_last.swap(addr, Relaxed) == addr
     }
 
     /// Reads every message waiting (without blocking): a hello names the owner, a fault goes

@@ -570,6 +570,16 @@ impl Region {
         self.shared().own_page_refusals.store(n, Relaxed);
     }
 
+    /// Tests only: leaves the links a glibc fork's prepare hook makes for its child, the
+    /// child's ends closed as after that child exited, for the next FORK event to take, as a
+    /// raw fork read while a glibc fork of another thread is in progress takes them.
+    #[doc(hidden)]
+    pub fn leave_a_glibc_forks_links_for_tests(&self) {
+        let s = self.shared();
+        s.open_child_link();
+        s.parent_side_of_link();
+    }
+
     /// Tests only: a fault waits `delay` between mapping its pages (the faulting thread runs on)
     /// and recording them resident, as a handler preempted there does.
     #[doc(hidden)]

@@ -650,7 +650,14 @@ impl Shared {
             }
             let first_link = fds.len();
             links.clear();
-            for (l, _) in spaces.iter().filter_map(|s| s.asks.as_ref()) {
+            // The raw forks' link always: a raw child's space may have been given another
+            // link (see `serve_asked`).
+            let raw = self.raw_link.get();
+            for l in spaces
+                .iter()
+                .filter_map(|s| s.asks.as_ref().map(|(l, _)| l))
+                .chain(raw)
+            {
                 if !l.closed() && !links.iter().any(|x| Arc::ptr_eq(x, l)) {
                     links.push(l.clone());
                     fds.push(libc::pollfd {
@@ -811,34 +818,50 @@ impl Shared {
         deferred: &mut Vec<(Arc<Space>, Msg)>,
         buf: &mut Vec<u8>,
     ) {
+        // Served in space `s`; with `answer`, answered once done if the space's link is `l`
+        // (`dispatch` answers on the space's own link), else at once here.
         let mut serve_in = |s: &Arc<Space>, answer: bool, buf: &mut Vec<u8>| {
-            let m = Msg::asked(addr, answer);
+            let own_link = matches!(&s.asks, Some((x, _)) if Arc::ptr_eq(x, l));
+            let m = Msg::asked(addr, answer && own_link);
             if let Served::Retry = self.dispatch(s, &m, buf) {
                 deferred.push((s.clone(), m));
             }
+            if answer && !own_link {
+                l.answer(addr);
+            }
         };
-        let owner = l.is_owner(pid);
         let family = |own: bool| {
             spaces
                 .iter()
                 .filter(move |s| matches!(&s.asks, Some((x, o)) if Arc::ptr_eq(x, l) && *o == own))
         };
-        if owner {
-            match family(true).next() {
-                Some(s) => serve_in(s, true, buf),
-                None => l.answer(addr), // its space is gone: nothing else will answer
-            }
-            return;
-        }
+        // Found by its pagemap before (below): served in that space alone.
         if let Some(space) = l.bound_space(pid, addr) {
-            if let Some(s) = family(false).find(|s| Arc::as_ptr(s) as usize == space) {
+            if let Some(s) = spaces.iter().find(|s| Arc::as_ptr(s) as usize == space) {
                 serve_in(s, true, buf);
                 return;
             }
             l.unbind(pid);
         }
+        // The link's own child, served in its space; asking again for the same page means
+        // that space was not its own (below).
+        if l.is_owner(pid) && !l.owner_asks_again(addr) {
+            if let Some(s) = family(true).next() {
+                serve_in(s, true, buf);
+                return;
+            }
+        }
+        // Any other process of the family, or a child whose space is not the one its link
+        // was given to: a raw fork's FORK event read while a glibc fork was in progress (the
+        // two are told apart by nothing) took that fork's link, and each child asked where its
+        // space was not (found hung in a test run beside a test that forked with glibc). The
+        // family's spaces are tried first, then every other child's; serving a page in a
+        // space that is not the asker's maps that process's own content there, merely early.
         if zmem_os::remote::page_present(pid, addr as usize) != Some(true) {
-            for s in family(false) {
+            let others = spaces
+                .iter()
+                .filter(|s| !s.is_root && !matches!(&s.asks, Some((x, _)) if Arc::ptr_eq(x, l)));
+            for s in family(false).chain(family(true)).chain(others) {
                 serve_in(s, false, buf);
                 if zmem_os::remote::page_present(pid, addr as usize) == Some(true) {
                     l.bind(pid, Arc::as_ptr(s) as usize, addr);
