@@ -194,9 +194,15 @@ pub(crate) fn set_link(start: usize, sock: i32, owner: i32) {
 
 /// Returns once no eviction batch of the region holding `addr` is picking or moving pages: a
 /// batch that starts later sees the pins published before the call (see `guard::keep_in_memory`).
+/// Nothing to wait for in a forked process: no batch of the creator's runs there, and its copy
+/// of the lock stays locked if a thread of the creator held it at the fork (a program thread
+/// evicting after its own fault is not parked by the fork hooks): a forked child's exec would
+/// wait for it forever.
 pub(crate) fn wait_for_eviction_batches(addr: usize) {
     if let Some((_, shared)) = find(addr) {
-        drop(shared.evict_lock.lock());
+        if in_creators_memory(shared.creator_pid) {
+            drop(shared.evict_lock.lock());
+        }
     }
 }
 
