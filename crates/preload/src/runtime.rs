@@ -249,16 +249,20 @@ fn init() -> Result<(), InitError> {
 /// the signal route: its faults and the guard's traps are signals, at each of which the
 /// tracer stops it (gdb by default stops and reports SIGBUS or SIGSYS, where the program
 /// itself saw nothing).
+/// Said once per tracer: not again by a process whose parent has the same tracer (`strace -f`
+/// of a shell loop printed it for every process).
 fn say_if_traced() {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return;
+    let tracer_of = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .and_then(|v| v.trim().parse::<u32>().ok())
     };
-    let tracer = status
-        .lines()
-        .find_map(|l| l.strip_prefix("TracerPid:"))
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .unwrap_or(0);
-    if tracer != 0 {
+    let tracer = tracer_of("self").unwrap_or(0);
+    // SAFETY: getppid cannot fail.
+    let parent = unsafe { libc::getppid() };
+    if tracer != 0 && tracer_of(&parent.to_string()) != Some(tracer) {
         eprintln!(
             "zmem: {} (pid {}) runs under a tracer (pid {tracer}): zmem serves its evicted pages \
              with SIGBUS and its system calls into them with SIGSYS, which the tracer sees; in \

@@ -108,6 +108,36 @@ fn child() {
     registry.clear();
 }
 
+/// A region being dropped, its threads gone and its ranges unregistered (so that no fork from
+/// now on sends `uffd` an event): reads and drops whatever events are still in flight, a FORK
+/// event's new descriptor closed. A raw fork(2) takes no fork lock (`REGISTRY`): one that
+/// copied the region's mappings just before the unregister waits in the kernel until its FORK
+/// event is read, and its child, whose descriptor table already holds `uffd`, keeps it open
+/// past our close, so the kernel never gives up on the event. Nobody read it: the fork waited
+/// forever (a test forking with the raw system call while another thread made and dropped
+/// regions hung within seconds, every run). While an event is in flight the kernel refuses
+/// every copy (EAGAIN, its `mmap_changing`); a copy into `probe` (a page of ours, mapped and
+/// no longer registered) is that question, and fails without writing anything once none is.
+pub(crate) fn drain_events_in_flight(uffd: &Uffd, probe: usize, zero: &[u8]) {
+    let mut msgs = [Msg::default(); 16];
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        let n = uffd.read_msgs(&mut msgs).unwrap_or(0);
+        for m in msgs[..n].iter().filter(|m| m.event == uffd::EVENT_FORK) {
+            // SAFETY: the kernel installed this descriptor for us in the FORK message; the
+            // child's mappings in this region then read as plain memory.
+            drop(unsafe { Uffd::from_raw(m.arg0 as u32 as i32) });
+        }
+        if n > 0 {
+            continue;
+        }
+        match uffd.copy(probe, zero.as_ptr(), PAGE) {
+            Err(e) if e.code() == libc::EAGAIN => std::thread::sleep(Duration::from_micros(50)),
+            _ => return,
+        }
+    }
+}
+
 /// Makes fork() park this region's threads first (see [`Shared::fork_mode`]). Called with
 /// the registry locked (`registry`), before the lock is released.
 pub(crate) fn register_for_fork(registry: &mut Vec<Weak<Shared>>, shared: &Arc<Shared>) {

@@ -926,6 +926,7 @@ impl Drop for Region {
         {
             let _ = shared.root.uffd.unregister(a, b - a);
         }
+        fork::drain_events_in_flight(&shared.root.uffd, self.staging, &shared.zero_page);
         // SAFETY: our eventfds.
         unsafe {
             libc::close(shared.stop_fd);

@@ -1016,6 +1016,69 @@ fn fork_while_regions_are_created_and_dropped() {
     assert!(made > 0);
 }
 
+/// A raw fork(2) (no atfork hooks, so nothing keeps it apart from region drops) while another
+/// thread makes and drops regions. A fork that copied a region's mappings just before the drop
+/// unregistered them waits in the kernel for that region's FORK event, and its child's
+/// descriptor table, made first, holds the region's userfaultfd, so closing ours did not end
+/// the wait: the fork hung within seconds, every run, until the drop read the events still in
+/// flight (`fork::drain_events_in_flight`). A watchdog ends the process if it hangs again.
+#[test]
+fn raw_forks_while_regions_are_dropped() {
+    let Some(live) = region(4 * MIB, MIB) else {
+        return;
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if t0.elapsed() > Duration::from_secs(120) {
+                    eprintln!("raw_forks_while_regions_are_dropped: a fork hung; aborting");
+                    std::process::abort();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let churn = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut made = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let r = region(MIB, MIB / 2).expect("a region");
+                fill(page_mut(&r, 0), 0, made);
+                made += 1;
+            }
+            made
+        })
+    };
+    let pages = live.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&live, i), i, 3);
+    }
+    for round in 0..1000 {
+        // SAFETY: a raw fork; the child only reads memory and calls _exit.
+        let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
+        assert!(pid >= 0);
+        if pid == 0 {
+            let i = (round * 13) % pages;
+            let code = if matches(page_mut(&live, i), i, 3) {
+                0
+            } else {
+                12
+            };
+            // SAFETY: leaving the child without running the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        wait_for_child(pid);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let made = churn.join().unwrap();
+    watchdog.join().unwrap();
+    assert!(made > 0);
+}
+
 /// A region dropped while a forked child still lives: the child holds a copy of the region's
 /// userfaultfd (a raw fork(2) runs no atfork hook that would close it), so closing the parent's
 /// copy does not release it, and a still-registered range would make the parent's munmap wait
