@@ -76,16 +76,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    debug_assert!(name.starts_with(NAME_PREFIX), "zmem thread named {name}");
-    let builder = std::thread::Builder::new().name(name);
-    // The new thread inherits the mask in force here: it starts with every asynchronous signal
-    // blocked, with no window before it could block them itself.
-    let _blocked = AsyncSignalsBlocked::new();
-    builder.stack_size(STACK_SIZE).spawn(move || {
-        run_start_hook();
-        prepare_this_thread();
-        f()
-    })
+    spawn_named(name, true, f)
 }
 
 /// Spawns a named zmem thread in a process just forked (the fork's child hook), running the
@@ -101,11 +92,24 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    spawn_named(name, false, f)
+}
+
+fn spawn_named<F, T>(name: String, prepare: bool, f: F) -> io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
     debug_assert!(name.starts_with(NAME_PREFIX), "zmem thread named {name}");
     let builder = std::thread::Builder::new().name(name);
+    // The new thread inherits the mask in force here: it starts with every asynchronous signal
+    // blocked, with no window before it could block them itself.
     let _blocked = AsyncSignalsBlocked::new();
     builder.stack_size(STACK_SIZE).spawn(move || {
         run_start_hook();
+        if prepare {
+            prepare_this_thread();
+        }
         f()
     })
 }

@@ -587,6 +587,16 @@ fn child_thread(fd: RawFd, slots: usize, owed: bool) {
     // SAFETY: the descriptor just received is ours alone (moved high and protected, like
     // every zmem descriptor: the program cannot close it under us).
     let uffd = unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(uffd)) };
+    if !uffd.serves_this_process(slots) {
+        // Another process's: a raw fork by another thread of the parent, whose FORK event was
+        // read during this fork, took this fork's link. Our own pages are still served (the
+        // parent holds our descriptor in another space); only their eviction from here is
+        // lost. Not an orphan: ending the link says so. (A test forking both ways at once had
+        // its glibc child killed here as orphaned when the raw child exited.)
+        drop(uffd);
+        close_raw(fd);
+        return;
+    }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     if !send_msg(fd, &Reply::new(pid, 0)) {

@@ -358,6 +358,24 @@ impl Uffd {
         ioctl(self.raw(), UFFDIO_MOVE, &mut m)
     }
 
+    /// Whether this descriptor serves the calling process's memory. The kernel refuses a move
+    /// across address spaces (EINVAL) before it looks at the pages; in our own space a move
+    /// from `free` (a registered page of ours, empty) to the page after it fails with ENOENT,
+    /// or moves whatever was there (so `free` must be a page nobody relies on).
+    pub fn serves_this_process(&self, free: usize) -> bool {
+        for _ in 0..1000 {
+            match self.move_pages(free + crate::config::PAGE, free, crate::config::PAGE) {
+                Err(e) if e.code() == libc::EINVAL => return false,
+                // A fork or range event in flight (mmap_changing): ask again.
+                Err(e) if e.code() == libc::EAGAIN => {
+                    std::thread::sleep(std::time::Duration::from_micros(100))
+                }
+                _ => return true,
+            }
+        }
+        true
+    }
+
     /// Moves the run of pages at `src` to `dst` in one call. The kernel (6.18 and later) then
     /// flushes the TLB once per run of present pages instead of once per page: with another
     /// CPU running the process, 15.6 µs per page moved alone against 1.1 at 16 pages and 0.27

@@ -974,10 +974,92 @@ fn fork_while_threads_fault_on_two_regions() {
 /// creator or dropper would block in malloc, which glibc locks across fork: a deadlock).
 #[test]
 fn fork_while_regions_are_created_and_dropped() {
+    forks_beside_region_churn(false, 100);
+}
+
+/// A raw fork(2) (no atfork hooks, so nothing keeps it apart from region drops) while another
+/// thread makes and drops regions. A fork that copied a region's mappings just before the drop
+/// unregistered them waits in the kernel for that region's FORK event, and its child's
+/// descriptor table, made first, holds the region's userfaultfd, so closing ours did not end
+/// the wait: the fork hung within seconds, every run, until the drop read the events still in
+/// flight (`fork::drain_events_in_flight`).
+#[test]
+fn raw_forks_while_regions_are_dropped() {
+    forks_beside_region_churn(true, 1000);
+}
+
+/// A raw fork by another thread while a glibc fork is in progress (its prepare hook held, the
+/// raw fork's FORK event read first): the raw child's space takes the links the glibc fork's
+/// hook made, and the glibc child's eviction thread receives the raw child's userfaultfd. When
+/// the raw child had exited and its space was reaped, that link closed, and the glibc child's
+/// thread took itself for a child whose parent vanished owing it pages: it killed its process
+/// (found as a SIGKILLed child when this test file's fork tests ran beside each other).
+#[test]
+fn a_glibc_child_whose_link_a_raw_fork_took_lives_on() {
+    let Some(r) = region(8 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 4);
+    }
+    // The glibc fork waits 300 ms in its prepare hook, the handlers parked; the raw fork comes
+    // 100 ms in, so its FORK event is read first.
+    r.hold_forks_for_tests(Duration::from_millis(300));
+    let raw = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: a raw fork; the child sleeps and leaves.
+        let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
+        assert!(pid >= 0);
+        if pid == 0 {
+            // Alive until the glibc child's thread has taken the link and waits on it.
+            // SAFETY: plain sleep, then leaving without the parent's destructors.
+            unsafe {
+                libc::usleep(1_000_000);
+                libc::_exit(0)
+            };
+        }
+        wait_for_child(pid);
+    });
+    // SAFETY: the child only reads region memory, sleeps and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // Long enough for the parent to reap the raw child's space (once a second).
+        // SAFETY: plain sleep.
+        unsafe { libc::usleep(3_500_000) };
+        let ok = (0..pages)
+            .step_by(7)
+            .all(|i| matches(page_mut(&r, i), i, 4));
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 12 }) };
+    }
+    raw.join().unwrap();
+    r.hold_forks_for_tests(Duration::ZERO);
+    wait_for_child(pid);
+}
+
+/// `rounds` forks (`raw`: the system call, else glibc's) of a child that checks a page of a
+/// live region, while another thread makes, touches and drops regions; a watchdog ends the
+/// process if a fork hangs (a fork waiting for a FORK event is killable, nothing else is).
+fn forks_beside_region_churn(raw: bool, rounds: usize) {
     let Some(live) = region(4 * MIB, MIB) else {
         return;
     };
     let stop = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if t0.elapsed() > Duration::from_secs(120) {
+                    eprintln!("forks beside region churn (raw: {raw}): a fork hung; aborting");
+                    std::process::abort();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
     let churn = {
         let stop = stop.clone();
         std::thread::spawn(move || {
@@ -995,71 +1077,15 @@ fn fork_while_regions_are_created_and_dropped() {
     for i in 0..pages {
         fill(page_mut(&live, i), i, 3);
     }
-    for round in 0..100 {
+    for round in 0..rounds {
         // SAFETY: the child only reads memory and calls _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let i = (round * 13) % pages;
-            let code = if matches(page_mut(&live, i), i, 3) {
-                0
+        let pid = unsafe {
+            if raw {
+                libc::syscall(libc::SYS_fork) as libc::pid_t
             } else {
-                12
-            };
-            // SAFETY: leaving the child without running the parent's destructors.
-            unsafe { libc::_exit(code) };
-        }
-        wait_for_child(pid);
-    }
-    stop.store(true, Ordering::Relaxed);
-    let made = churn.join().unwrap();
-    assert!(made > 0);
-}
-
-/// A raw fork(2) (no atfork hooks, so nothing keeps it apart from region drops) while another
-/// thread makes and drops regions. A fork that copied a region's mappings just before the drop
-/// unregistered them waits in the kernel for that region's FORK event, and its child's
-/// descriptor table, made first, holds the region's userfaultfd, so closing ours did not end
-/// the wait: the fork hung within seconds, every run, until the drop read the events still in
-/// flight (`fork::drain_events_in_flight`). A watchdog ends the process if it hangs again.
-#[test]
-fn raw_forks_while_regions_are_dropped() {
-    let Some(live) = region(4 * MIB, MIB) else {
-        return;
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    let watchdog = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let t0 = std::time::Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                if t0.elapsed() > Duration::from_secs(120) {
-                    eprintln!("raw_forks_while_regions_are_dropped: a fork hung; aborting");
-                    std::process::abort();
-                }
-                std::thread::sleep(Duration::from_millis(50));
+                libc::fork()
             }
-        })
-    };
-    let churn = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut made = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let r = region(MIB, MIB / 2).expect("a region");
-                fill(page_mut(&r, 0), 0, made);
-                made += 1;
-            }
-            made
-        })
-    };
-    let pages = live.len() / PAGE;
-    for i in 0..pages {
-        fill(page_mut(&live, i), i, 3);
-    }
-    for round in 0..1000 {
-        // SAFETY: a raw fork; the child only reads memory and calls _exit.
-        let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
+        };
         assert!(pid >= 0);
         if pid == 0 {
             let i = (round * 13) % pages;

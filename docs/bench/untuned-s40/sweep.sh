@@ -2,6 +2,7 @@
 # Programs nobody tuned zmem for (session 40), output compared with a plain run. Each line of
 # cmds.txt is NAME|SHELL LINE; the inputs are made by setup.sh (in /tmp/s40).
 # usage: sweep.sh ZMEM BUDGET ROUTE [NAME...]   e.g. sweep.sh ./target/release/zmem 4M signal
+# (CMDS=FILE: another list of the same form, as docs/bench/untuned-s41/sweep.sh gives)
 set -u
 z=$1; b=$2; r=$3; shift 3; here=$(cd "$(dirname "$0")" && pwd)
 while IFS='|' read -r name line; do
@@ -13,4 +14,4 @@ while IFS='|' read -r name line; do
   printf "%-8s %-5s %-8s rc=%-3s %s zmem %.1fs plain %.1fs\n" "$name" "$b" "$r" $rc $s \
     "$(echo "$t1-$t0" | bc)" "$(echo "$t0-$p0" | bc)"
   if [ $s = DIFF ]; then echo "  plain: ${exp:0:300}"; echo "  zmem:  ${got:0:600}"; fi
-done < "$here/cmds.txt"
+done < "${CMDS:-$here/cmds.txt}"
