@@ -1502,6 +1502,49 @@ fn posix_spawn_file_actions_in_the_evicted_heap() {
     );
 }
 
+/// A main thread that ends with `pthread_exit`, leaving workers that fill and evict heap memory,
+/// and a child forked from a worker whose only thread returns (tests/c/main_thread_exits.c).
+/// glibc ends the process when its last thread ends, but it counts zmem's threads too: the
+/// process lived on with only zmem's threads, its leader a zombie, SIGTERM pending (CPython's
+/// `test_threading` hung in `test_3_join_in_forked_from_thread`).
+#[test]
+fn a_process_ends_when_its_last_program_thread_does() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("main_thread_exits", dir.path(), &[]);
+    ok_at_4m_on_both_routes(
+        &prog,
+        &[],
+        dir.path(),
+        "main_thread_exits",
+        Duration::from_secs(60),
+        "main_thread_exits: ok",
+    );
+}
+
+/// zmem's descriptors sit high (tests/c/low_fds.c): the region's two eventfds took 3 and 4,
+/// and CPython's `test_pass_fds_redirected`, which passes descriptors by number, saw them.
+#[test]
+fn zmem_leaves_the_low_descriptors_to_the_program() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("low_fds", dir.path(), &[]);
+    ok_at_4m_on_both_routes(
+        &prog,
+        &[],
+        dir.path(),
+        "low_fds",
+        Duration::from_secs(60),
+        "low_fds: ok",
+    );
+}
+
 /// A debugger's `run` on the signal route: vfork, PTRACE_TRACEME in the child, exec with the
 /// strings in the evicted heap, the program traced with its signals passed on
 /// (tests/c/traced_child.c). The child used to fault on its parent's heap after TRACEME and

@@ -92,6 +92,18 @@ pub fn move_high(fd: OwnedFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(keep) }
 }
 
+/// A non-blocking, close-on-exec eventfd at a high number ([`move_high`], so protected): zmem's
+/// wake-ups never take the low numbers a program expects to get from its own next `open`.
+pub fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: plain eventfd creation.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just made, owned by nobody else.
+    Ok(move_high(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
 /// A connected pair of datagram sockets that keep message boundaries (SOCK_SEQPACKET,
 /// close-on-exec): zmem's link between a process and the child it forks.
 pub fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {

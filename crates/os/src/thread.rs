@@ -368,6 +368,40 @@ pub fn task_ids() -> Vec<libc::pid_t> {
     ids
 }
 
+/// The process's threads other than the caller that still run the program's code: alive (not a
+/// zombie, a thread group leader that called `pthread_exit` stays one until the process ends)
+/// and not zmem's (named with [`NAME_PREFIX`]). From `/proc/self/task/TID/stat`, whose second
+/// field is the thread's name and third its state; a thread that ended between the listing and
+/// the read is not counted.
+pub fn other_program_threads() -> usize {
+    // SAFETY: gettid cannot fail.
+    let me = unsafe { libc::gettid() };
+    task_ids()
+        .into_iter()
+        .filter(|&tid| tid != me && runs_program_code(tid))
+        .count()
+}
+
+/// Whether thread `tid` of this process is alive and not zmem's (see [`other_program_threads`]).
+fn runs_program_code(tid: libc::pid_t) -> bool {
+    match task_stat(tid) {
+        Some((name, state)) => {
+            !matches!(state, b'Z' | b'X' | b'x') && !name.starts_with(NAME_PREFIX.as_bytes())
+        }
+        None => false,
+    }
+}
+
+/// A thread's name and state letter, from its stat file; None if it is gone.
+fn task_stat(tid: libc::pid_t) -> Option<(Vec<u8>, u8)> {
+    let stat = std::fs::read(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // "tid (name) S ...": the name may itself hold ')' and spaces; the state follows the last ')'.
+    let open = stat.iter().position(|&b| b == b'(')?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let state = *stat.get(close + 2)?;
+    Some((stat.get(open + 1..close)?.to_vec(), state))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -455,6 +489,38 @@ mod tests {
         assert_eq!(ids.len(), listed, "{ids:?}");
         drop(stop_tx);
         t.join().unwrap();
+    }
+
+    #[test]
+    fn program_threads_are_told_from_zmem_threads_and_ended_ones() {
+        let tid_of = |name: Option<&str>| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+            let mut b = std::thread::Builder::new();
+            if let Some(n) = name {
+                b = b.name(n.into());
+            }
+            let t = b
+                .spawn(move || {
+                    // SAFETY: gettid cannot fail.
+                    tx.send(unsafe { libc::gettid() }).unwrap();
+                    let _ = stop_rx.recv();
+                })
+                .unwrap();
+            (rx.recv().unwrap(), stop_tx, t)
+        };
+        let (program, stop_p, tp) = tid_of(Some("worker-1"));
+        let (zmem, stop_z, tz) = tid_of(Some("zmem-test"));
+        assert!(super::runs_program_code(program));
+        assert!(!super::runs_program_code(zmem));
+        // The caller is never among the others; the program thread is.
+        assert!(super::other_program_threads() >= 1);
+        drop((stop_p, stop_z));
+        tp.join().unwrap();
+        tz.join().unwrap();
+        // Joined: its task is gone.
+        assert!(!super::runs_program_code(program));
+        assert_eq!(super::task_stat(program), None);
     }
 
     #[test]

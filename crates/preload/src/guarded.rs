@@ -702,6 +702,9 @@ pub unsafe extern "C" fn pthread_create(
             held,
             program_thread,
         }));
+        if program_thread {
+            crate::threads::starting();
+        }
         let mut rc = libc::EAGAIN;
         let mut call = || rc = create(thread, attr, run_started, started.cast());
         if !stack_in_heap || !on_heap_stack(&mut call) {
@@ -709,6 +712,9 @@ pub unsafe extern "C" fn pthread_create(
         }
         if rc != 0 {
             drop(Box::from_raw(started));
+            if program_thread {
+                crate::threads::not_started();
+            }
         }
         rc
     })
@@ -882,6 +888,7 @@ extern "C" fn run_started(p: *mut c_void) -> *mut c_void {
     if program_thread {
         guard::give_thread_signal_stack();
         zmem_os::thread::as_zmem(zmem_os::thread::prepare_this_thread);
+        crate::threads::count_this_thread();
     }
     drop(held);
     start(arg)

@@ -27,6 +27,7 @@ mod maps;
 mod mi;
 mod runtime;
 mod server;
+mod threads;
 
 use std::ffi::c_void;
 

@@ -85,6 +85,7 @@ pub fn start() {
             // The thread that starts zmem (the main thread, from the constructor) is the
             // program's; the threads it makes are prepared as they start (guarded.rs).
             zmem_os::thread::prepare_this_thread();
+            crate::threads::prepare();
             STATE.store(READY, Release)
         }
         Err((msg, on_error)) => {

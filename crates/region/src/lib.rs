@@ -50,7 +50,6 @@ use zmem_os::{Mapping, MappingFlags};
 use zmem_store::{PageStore, StoreConfig};
 
 use budget_loop::BudgetLoop;
-use error::os;
 use manager::{Counters, Shared, Space, SpaceInner, STAGING_PAGES};
 use policy::Tracker;
 use state::StateTable;
@@ -171,19 +170,24 @@ impl Region {
         let staging = Mapping::new(STAGING_PAGES * PAGE, MappingFlags::RESERVE_SMALL_PAGES)
             .map_err(|source| RegionError::Os { op: "mmap", source })?;
         let store = factory()?;
-        // SAFETY: plain eventfd creation.
-        let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if stop_fd < 0 {
-            return Err(os("eventfd"));
-        }
-        // SAFETY: as above.
-        let gate_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if gate_fd < 0 {
-            let e = os("eventfd");
-            // SAFETY: closing the descriptor we just made.
-            unsafe { libc::close(stop_fd) };
-            return Err(e);
-        }
+        // Held as raw numbers by the region's shared state, closed with `child::close_raw`
+        // (past the preload library's protection) in Drop or in a forked child.
+        let eventfd = || {
+            zmem_os::fds::eventfd()
+                .map(std::os::fd::IntoRawFd::into_raw_fd)
+                .map_err(|source| RegionError::Os {
+                    op: "eventfd",
+                    source,
+                })
+        };
+        let stop_fd = eventfd()?;
+        let gate_fd = match eventfd() {
+            Ok(fd) => fd,
+            Err(e) => {
+                child::close_raw(stop_fd);
+                return Err(e);
+            }
+        };
         // From registration until the threads run and the region is listed, no fork (see
         // fork::REGISTRY). Released before `region_obj` could be dropped on an error below:
         // dropping takes the lock too.
@@ -203,11 +207,8 @@ impl Region {
             });
         if let Err(e) = registered {
             drop(registry);
-            // SAFETY: the eventfds made above, not handed out.
-            unsafe {
-                libc::close(stop_fd);
-                libc::close(gate_fd);
-            }
+            child::close_raw(stop_fd);
+            child::close_raw(gate_fd);
             return Err(e);
         }
         let root = Space {
@@ -927,11 +928,8 @@ impl Drop for Region {
             let _ = shared.root.uffd.unregister(a, b - a);
         }
         fork::drain_events_in_flight(&shared.root.uffd, self.staging, &shared.zero_page);
-        // SAFETY: our eventfds.
-        unsafe {
-            libc::close(shared.stop_fd);
-            libc::close(shared.gate_fd);
-        }
+        child::close_raw(shared.stop_fd);
+        child::close_raw(shared.gate_fd);
         // Closing the descriptors (last reference) releases what is left registered.
         drop(shared);
         drop(registry);
