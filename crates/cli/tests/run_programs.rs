@@ -1332,16 +1332,23 @@ fn ok_at_4m(
     timeout: Duration,
     want: &str,
 ) -> Finished {
-    let mut cmd = zmem_cmd(&[
-        "run",
-        "--quiet",
-        "--resident",
-        "4M",
-        "--fault-route",
-        route,
-        "--",
-    ]);
-    cmd.arg(prog).args(args);
+    ok_at_4m_with(&[], route, prog, args, dir, tag, timeout, want)
+}
+
+/// [`ok_at_4m`] with more of `zmem run`'s options.
+#[allow(clippy::too_many_arguments)]
+fn ok_at_4m_with(
+    options: &[&str],
+    route: &str,
+    prog: &Path,
+    args: &[&std::ffi::OsStr],
+    dir: &Path,
+    tag: &str,
+    timeout: Duration,
+    want: &str,
+) -> Finished {
+    let mut cmd = zmem_cmd(&["run", "--quiet", "--resident", "4M", "--fault-route", route]);
+    cmd.args(options).arg("--").arg(prog).args(args);
     let out = run_to_end(cmd, dir, tag, timeout);
     assert!(
         out.code == Some(0) && out.stdout.contains(want),
@@ -1557,14 +1564,21 @@ fn a_debugger_starts_its_program_from_an_evicted_heap() {
     let _g = heavy();
     let dir = tmpdir();
     let prog = compile("traced_child", dir.path(), &[]);
-    let runs = ok_at_4m_on_both_routes(
-        &prog,
-        &[std::ffi::OsStr::new("/bin/echo")],
-        dir.path(),
-        "traced_child",
-        Duration::from_secs(60),
-        "traced: ok",
-    );
+    // Every traced echo starts zmem at once (a small process would otherwise start it late,
+    // past its end, and meet no zmem signal to be told of).
+    let runs = ["signal", "handler"].map(|route| {
+        let out = ok_at_4m_with(
+            &["--start-at", "0"],
+            route,
+            &prog,
+            &[std::ffi::OsStr::new("/bin/echo")],
+            dir.path(),
+            "traced_child",
+            Duration::from_secs(60),
+            "traced: ok",
+        );
+        (route, out)
+    });
     for (route, out) in runs {
         for round in 0..3 {
             let line = format!("traced round-{round}\n");
@@ -1712,6 +1726,67 @@ fn signal_handlers_that_fault_on_the_heap_meanwhile() {
     }
 }
 
+/// A process the run's program execs starts zmem only when its heap or its own mappings reach
+/// the start point, or before its first thread (tests/c/lazy_start.c): a small command runs
+/// as it would without zmem (no region, no report: each start cost ~1.5 ms, most of what a
+/// shell script or `make` paid), and every other one has its data tiered and checked, glibc's
+/// blocks from before the start freed and resized across it. With `--start-at 0` every process
+/// starts at once.
+#[test]
+fn an_execd_command_starts_zmem_past_its_start_point() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("lazy_start", dir.path(), &[]);
+    let modes = ["small", "big", "map", "thread", "mixed"];
+    let line = modes
+        .iter()
+        .map(|m| format!("{} {m}", prog.display()))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    for start_at in [None, Some("0")] {
+        let stats = dir.path().join("lazy.json");
+        let mut cmd = zmem_cmd(&["run", "--quiet", "--resident", "4M", "--stats"]);
+        cmd.arg(&stats);
+        if let Some(at) = start_at {
+            cmd.args(["--start-at", at]);
+        }
+        cmd.args(["--", "/bin/sh", "-c", &line]);
+        let out = run_to_end(cmd, dir.path(), "lazy_start", Duration::from_secs(120));
+        assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, tail(&out.stderr));
+        let pid_of = |mode: &str| -> u64 {
+            let prefix = format!("{mode} pid ");
+            out.stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&prefix)?.strip_suffix(": ok")?.parse().ok())
+                .unwrap_or_else(|| panic!("no {mode} line in {}", out.stdout))
+        };
+        let report = read_json(&stats);
+        let others = report["others"].as_array().expect("others");
+        let reported = |pid: u64| others.iter().find(|o| o["pid"].as_u64() == Some(pid));
+        for mode in modes {
+            let pid = pid_of(mode);
+            match (mode, start_at) {
+                ("small", None) => assert!(
+                    reported(pid).is_none(),
+                    "a small command started zmem: {report}"
+                ),
+                ("small", Some(_)) => assert!(
+                    reported(pid).is_some(),
+                    "--start-at 0: the small command did not start zmem: {report}"
+                ),
+                _ => {
+                    let o = reported(pid)
+                        .unwrap_or_else(|| panic!("{mode} did not start zmem: {report}"));
+                    assert!(num(o, "evictions") > 0, "{mode}: nothing evicted: {o}");
+                }
+            }
+        }
+    }
+}
+
 /// A program that ends with `_exit` (as dash ends every shell, and python's `os._exit`) still
 /// gets the run's summary and `--stats`, with its exit status: before, `zmem run -- sh -c ...`
 /// printed no summary and wrote no statistics. Both a C program calling `_exit(5)` and a shell
@@ -1778,6 +1853,7 @@ fn an_exec_inherits_the_guard_filter_instead_of_stacking_one() {
     let line = format!(
         "{filters}; env -u ZMEM_GUARD_FILTER {filters}; ZMEM_GUARD_FILTER=123 {filters}; env"
     );
+    // Each grep starts zmem at once: a small process starting late would not install a filter.
     let mut cmd = zmem_cmd(&[
         "run",
         "--quiet",
@@ -1785,6 +1861,8 @@ fn an_exec_inherits_the_guard_filter_instead_of_stacking_one() {
         "signal",
         "--resident",
         "16M",
+        "--start-at",
+        "0",
     ]);
     cmd.args(["--", "/bin/sh", "-c", &line]);
     let out = run_to_end(cmd, dir.path(), "inherit", Duration::from_secs(60));

@@ -678,6 +678,10 @@ pub unsafe extern "C" fn pthread_create(
     let create = std::mem::transmute::<*mut c_void, Create>(f);
     // zmem's own threads (made from zmem code) never fault on the region: no alternate stack.
     let program_thread = !crate::heap::is_internal();
+    if program_thread && crate::runtime::lazy() {
+        // Every program thread is made after zmem's start (lazy.rs).
+        crate::runtime::start();
+    }
     zmem_os::thread::as_zmem(|| {
         let guarded = guard::active();
         if !guarded && (!program_thread || !crate::runtime::ready()) {

@@ -22,6 +22,7 @@ mod fds;
 mod guarded;
 mod heap;
 mod jemalloc;
+mod lazy;
 mod logging;
 mod maps;
 mod mi;
@@ -35,12 +36,12 @@ use std::ffi::c_void;
 static GLOBAL: heap::InternalAlloc = heap::InternalAlloc;
 
 /// Starts zmem when the library is loaded, before the program's main (unless a malloc came
-/// first, which starts it then).
+/// first, which starts it then), or makes the process lazy (lazy.rs).
 #[used]
 #[link_section = ".init_array"]
 static START: extern "C" fn() = {
     extern "C" fn start() {
-        runtime::start();
+        runtime::begin();
     }
     start
 };
@@ -49,26 +50,28 @@ use zmem_os::PAGE_SIZE as PAGE;
 
 #[inline]
 unsafe fn alloc(size: usize) -> *mut c_void {
-    heap::alloc(size, 8, false, runtime::use_program_heap())
+    heap::alloc(size, 8, false, runtime::use_program_heap_for(size))
 }
 
 #[inline]
 unsafe fn alloc_zeroed(size: usize) -> *mut c_void {
-    heap::alloc(size, 8, true, runtime::use_program_heap())
+    heap::alloc(size, 8, true, runtime::use_program_heap_for(size))
 }
 
 #[inline]
 unsafe fn alloc_aligned(size: usize, align: usize, zero: bool) -> *mut c_void {
-    heap::alloc(size, align, zero, runtime::use_program_heap())
+    heap::alloc(size, align, zero, runtime::use_program_heap_for(size))
 }
 
 #[inline]
 unsafe fn resize(p: *mut c_void, size: usize) -> *mut c_void {
+    runtime::count_if_lazy(size);
     heap::realloc(p, size, 8)
 }
 
 #[inline]
 unsafe fn resize_aligned(p: *mut c_void, size: usize, align: usize) -> *mut c_void {
+    runtime::count_if_lazy(size);
     heap::realloc(p, size, align)
 }
 

@@ -283,6 +283,19 @@ pub unsafe fn mmap(
 ) -> *mut c_void {
     let a = addr as usize;
     let kernel = || sys::mmap(a, len, prot, flags, fd, off);
+    let anonymous = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // Writable: reservations (PROT_NONE, as mimalloc's own page map, made as the library
+    // loads) hold no data yet.
+    if crate::runtime::lazy()
+        && !crate::heap::is_internal()
+        && prot & libc::PROT_WRITE != 0
+        && flags & anonymous == anonymous
+        && flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) == 0
+    {
+        // Counts toward the start point; past it zmem starts, and the mapping is made in the
+        // region below.
+        crate::lazy::mapped(len.min(isize::MAX as usize) as isize);
+    }
     let Some((start, end)) = space() else {
         return kernel();
     };
@@ -378,6 +391,9 @@ pub unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let a = addr as usize;
     let kernel = || sys::munmap(a, len);
     let Some((start, end)) = space() else {
+        if crate::runtime::lazy() && !crate::heap::is_internal() {
+            crate::lazy::mapped(-(len.min(isize::MAX as usize) as isize));
+        }
         return kernel();
     };
     let Some(e) = round_up(len)

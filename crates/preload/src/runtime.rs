@@ -20,6 +20,9 @@ const STARTING: u8 = 1;
 const READY: u8 = 2;
 /// zmem could not start and ZMEM_ON_ERROR=off: the program runs on glibc's malloc.
 const OFF: u8 = 3;
+/// A process the run's program exec'd, below its start point: the program runs on glibc's
+/// malloc until zmem starts (lazy.rs).
+const LAZY: u8 = 4;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 
@@ -55,11 +58,58 @@ pub fn use_program_heap() -> bool {
     }
     match STATE.load(Acquire) {
         READY => true,
-        STARTING | OFF => false,
+        STARTING | OFF | LAZY => false,
         _ => {
-            start();
+            begin();
             STATE.load(Acquire) == READY
         }
+    }
+}
+
+/// [`use_program_heap`] for an allocation of `bytes`, which counts toward a lazy process's
+/// start point.
+#[inline]
+pub fn use_program_heap_for(bytes: usize) -> bool {
+    count_if_lazy(bytes);
+    use_program_heap()
+}
+
+/// The program asks for `bytes` (an allocation or a resize): counted toward the start point
+/// if this process is lazy.
+#[inline]
+pub fn count_if_lazy(bytes: usize) {
+    if STATE.load(Relaxed) == LAZY && !heap::is_internal() {
+        crate::lazy::asked(bytes);
+    }
+}
+
+/// Whether zmem waits for this process's start point (lazy.rs).
+#[inline]
+pub fn lazy() -> bool {
+    STATE.load(Relaxed) == LAZY
+}
+
+/// The library is loaded (or a malloc came first): zmem starts now, or, in a process the
+/// run's program exec'd, once the program's heap reaches its start point (lazy.rs).
+pub fn begin() {
+    if STATE.load(Acquire) != UNINIT {
+        return;
+    }
+    let was = heap::set_internal(true);
+    let point = crate::lazy::start_point();
+    if point.is_some() {
+        // Its constructor may come after this one: its own mappings are zmem's, not the
+        // program's (they would count toward the start point).
+        // SAFETY: mimalloc's process initialization, idempotent.
+        unsafe { crate::mi::mi_process_init() };
+    }
+    heap::set_internal(was);
+    match point {
+        Some(at) => {
+            crate::lazy::set_point(at);
+            let _ = STATE.compare_exchange(UNINIT, LAZY, AcqRel, Acquire);
+        }
+        None => start(),
     }
 }
 
@@ -67,9 +117,11 @@ pub fn use_program_heap() -> bool {
 /// zmem creates allocate before they can be marked, and must not wait for the start they are
 /// part of); free() takes pointers of either heap.
 pub fn start() {
-    if STATE
-        .compare_exchange(UNINIT, STARTING, AcqRel, Acquire)
-        .is_err()
+    let from = STATE.load(Acquire);
+    if !matches!(from, UNINIT | LAZY)
+        || STATE
+            .compare_exchange(from, STARTING, AcqRel, Acquire)
+            .is_err()
     {
         return;
     }

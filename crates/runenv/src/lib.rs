@@ -72,6 +72,13 @@ pub const ENV_SSD_ENCRYPT: &str = "ZMEM_SSD_ENCRYPT";
 /// objects near it on the log, kept for their own faults); `1`: none (`--ssd-read-ahead`);
 /// unset: [`DEFAULT_SSD_READ_AHEAD`].
 pub const ENV_SSD_READ_AHEAD: &str = "ZMEM_SSD_READ_AHEAD";
+/// Heap bytes at which zmem starts in a process the run's program execs (a shell's commands,
+/// a build's compiler and assembler): until its heap and mappings reach this much, such a
+/// process runs on glibc's malloc with no region, no threads and no report, so a short
+/// command costs what it costs without zmem (~1.5 ms less per process; docs/DESIGN-NOTES.md,
+/// "What a process start costs"). `0`: from its first allocation, as the run's own process
+/// always does. Unset: [`RunConfig::start_at`]'s default.
+pub const ENV_START_AT: &str = "ZMEM_START_AT";
 /// Directory where each process writes `<pid>.json` when it exits (set by `zmem run`).
 pub const ENV_REPORT_DIR: &str = "ZMEM_REPORT_DIR";
 /// Directory of the stats sockets (default [`default_socket_dir`]).
@@ -97,7 +104,7 @@ pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 pub const ENV_GUARD_FILTER: &str = "ZMEM_GUARD_FILTER";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 27] = [
+pub const ALL_VARS: [&str; 28] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -117,6 +124,7 @@ pub const ALL_VARS: [&str; 27] = [
     ENV_SSD_SIZE,
     ENV_SSD_ENCRYPT,
     ENV_SSD_READ_AHEAD,
+    ENV_START_AT,
     ENV_REPORT_DIR,
     ENV_SOCKET_DIR,
     ENV_ON_ERROR,
@@ -126,6 +134,9 @@ pub const ALL_VARS: [&str; 27] = [
     ENV_STATS_FILE,
     ENV_GUARD_FILTER,
 ];
+
+/// The most [`RunConfig::start_at`] is by default.
+pub const MAX_DEFAULT_START_AT: u64 = 4 << 20;
 
 /// The default resident budget when neither `ZMEM_RESIDENT` nor `ZMEM_ADAPTIVE` is set.
 pub const DEFAULT_RESIDENT: u64 = 256 << 20;
@@ -191,6 +202,8 @@ pub struct RunConfig {
     pub ssd_encrypt: bool,
     /// See [`ENV_SSD_READ_AHEAD`].
     pub ssd_read_ahead: usize,
+    /// See [`ENV_START_AT`]; None: the default ([`RunConfig::start_at`]).
+    pub start_at: Option<u64>,
     pub report_dir: Option<PathBuf>,
     pub socket_dir: Option<PathBuf>,
     pub on_error: OnError,
@@ -222,6 +235,7 @@ impl Default for RunConfig {
             ssd_size: None,
             ssd_encrypt: true,
             ssd_read_ahead: DEFAULT_SSD_READ_AHEAD,
+            start_at: None,
             report_dir: None,
             socket_dir: None,
             on_error: OnError::Fail,
@@ -251,6 +265,17 @@ impl RunConfig {
         }
     }
 
+    /// Heap bytes at which zmem starts in a process the run's program execs (see
+    /// [`ENV_START_AT`]): the one set, else a quarter of the resident budget, at most
+    /// [`MAX_DEFAULT_START_AT`] (adaptive budgets: that). A quarter, so that what such a
+    /// process holds outside the budget stays a small part of it.
+    pub fn start_at(&self) -> u64 {
+        self.start_at.unwrap_or(match self.resident {
+            Some(r) => (r / 4).min(MAX_DEFAULT_START_AT),
+            None => MAX_DEFAULT_START_AT,
+        })
+    }
+
     /// Reads the settings through `get` (e.g. `|k| std::env::var(k).ok()`). Unset variables take
     /// their defaults; a set but bad one is an error naming it.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<RunConfig, ConfigError> {
@@ -278,6 +303,7 @@ impl RunConfig {
         }
         c.size = size(ENV_SIZE)?;
         c.maps = size(ENV_MAPS)?;
+        c.start_at = size(ENV_START_AT)?;
         c.store_limit = size(ENV_STORE_LIMIT)?;
         if let Some(v) = get(ENV_POLICY) {
             c.policy = Policy::from_str(&v).map_err(|e| invalid(ENV_POLICY, &v, e))?;
@@ -371,6 +397,9 @@ impl RunConfig {
         }
         if let Some(s) = self.store_limit {
             v.push((ENV_STORE_LIMIT, s.to_string()));
+        }
+        if let Some(s) = self.start_at {
+            v.push((ENV_START_AT, s.to_string()));
         }
         v.push((ENV_POLICY, self.policy.name().into()));
         v.push((ENV_EVICTION, eviction_name(self.eviction).into()));
@@ -759,6 +788,16 @@ mod tests {
     }
 
     #[test]
+    fn the_start_point_is_a_quarter_of_the_budget_at_most_4m_unless_set() {
+        let at = |vs: &[(&str, &str)]| RunConfig::from_vars(vars(vs)).unwrap().start_at();
+        assert_eq!(at(&[(ENV_RESIDENT, "4M")]), 1 << 20);
+        assert_eq!(at(&[(ENV_RESIDENT, "1G")]), MAX_DEFAULT_START_AT);
+        assert_eq!(at(&[(ENV_ADAPTIVE, "1")]), MAX_DEFAULT_START_AT);
+        assert_eq!(at(&[(ENV_RESIDENT, "1G"), (ENV_START_AT, "0")]), 0);
+        assert_eq!(at(&[(ENV_RESIDENT, "4M"), (ENV_START_AT, "64M")]), 64 << 20);
+    }
+
+    #[test]
     fn defaults_when_nothing_is_set() {
         assert_eq!(
             RunConfig::from_vars(vars(&[])).unwrap(),
@@ -787,6 +826,7 @@ mod tests {
             ssd_size: Some(2 << 30),
             ssd_encrypt: false,
             ssd_read_ahead: 3,
+            start_at: Some(1 << 20),
             report_dir: Some("/tmp/r".into()),
             socket_dir: Some("/tmp/s".into()),
             on_error: OnError::Off,
@@ -843,6 +883,7 @@ mod tests {
             (ENV_RUN_PID, "0"),
             (ENV_RUN_PID, "me"),
             (ENV_SUMMARY, "yes"),
+            (ENV_START_AT, "soon"),
         ] {
             let e = RunConfig::from_vars(vars(&[(k, v)])).unwrap_err();
             let msg = e.to_string();

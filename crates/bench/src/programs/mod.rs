@@ -199,6 +199,10 @@ pub struct ProgramsArgs {
     /// measure what the exact-fit allocator of mid-size blocks changes.
     #[arg(long)]
     pub no_exact_fit: bool,
+    /// The zmem side's `zmem run --start-at` (heap a process the command execs reaches before
+    /// zmem starts in it; 0: every process at once), to measure what the late start changes.
+    #[arg(long, value_name = "SIZE")]
+    pub start_at: Option<String>,
     /// A run taking longer than this (seconds) is killed and reported as a timeout.
     #[arg(long, default_value_t = 600.0)]
     pub timeout: f64,

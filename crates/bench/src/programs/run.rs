@@ -720,6 +720,9 @@ fn run_program(
                 if ctx.args.no_exact_fit {
                     argv.push("--no-exact-fit".into());
                 }
+                if let Some(at) = &ctx.args.start_at {
+                    argv.extend(["--start-at".into(), at.clone()]);
+                }
                 argv.push("--".into());
                 argv.extend(job.argv.iter().cloned());
                 let exit = execute(
