@@ -78,7 +78,13 @@ fn look(coming: usize) {
         .saturating_add(mi.hblkhd)
         .saturating_add(MAPPED.load(Relaxed).max(0) as usize)
         .saturating_add(coming);
-    if footprint >= POINT.load(Relaxed) {
+    // Never in a vfork child: it runs in its parent's memory until it execs or exits, and a
+    // region made there would be the parent's.
+    // SAFETY: getpid and getppid cannot fail.
+    let vfork_child = || unsafe {
+        zmem_os::remote::same_address_space(libc::getpid(), libc::getppid())
+    };
+    if footprint >= POINT.load(Relaxed) && !vfork_child() {
         crate::runtime::start();
     }
 }
