@@ -81,9 +81,8 @@ fn look(coming: usize) {
     // Never in a vfork child: it runs in its parent's memory until it execs or exits, and a
     // region made there would be the parent's.
     // SAFETY: getpid and getppid cannot fail.
-    let vfork_child = || unsafe {
-        zmem_os::remote::same_address_space(libc::getpid(), libc::getppid())
-    };
+    let vfork_child =
+        || unsafe { zmem_os::remote::same_address_space(libc::getpid(), libc::getppid()) };
     if footprint >= POINT.load(Relaxed) && !vfork_child() {
         crate::runtime::start();
     }
