@@ -293,8 +293,9 @@ fn a_command_of_the_users_runs_beside_the_programs() {
     assert_eq!(z["outcome"], "ok", "{z}");
     assert_eq!(z["output_matched"], true, "{z}");
     assert_eq!(z["output_bytes"], plain[0]["output_bytes"]);
-    // The shell and its three commands reported; sort's buffer did not fit in 6M.
-    assert!(z["zmem"]["processes"].as_u64().unwrap() >= 4, "{z}");
+    // The shell and the big sort reported (seq, md5sum and the small sort stay below the start
+    // point, a quarter of 6M: no zmem in them); sort's buffer did not fit in 6M.
+    assert!(z["zmem"]["processes"].as_u64().unwrap() >= 2, "{z}");
     assert!(z["zmem"]["evictions"].as_u64().unwrap() > 0, "{z}");
     let p = doc["programs"]
         .as_array()
