@@ -1787,6 +1787,40 @@ fn an_execd_command_starts_zmem_past_its_start_point() {
     }
 }
 
+/// Processes the run execs that end at the same moment each leave their report (one line each,
+/// appended to one file) in the run's `--stats`: six at once from a shell.
+#[test]
+fn processes_that_end_together_all_report() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("lazy_start", dir.path(), &[]);
+    let stats = dir.path().join("together.json");
+    let line = format!("for i in 1 2 3 4 5 6; do {} big & done; wait", prog.display());
+    let mut cmd = zmem_cmd(&["run", "--quiet", "--resident", "4M", "--stats"]);
+    cmd.arg(&stats).args(["--", "/bin/sh", "-c", &line]);
+    let out = run_to_end(cmd, dir.path(), "together", Duration::from_secs(120));
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, tail(&out.stderr));
+    let mut pids: Vec<u64> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("big pid ")?.strip_suffix(": ok")?.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 6, "{}", out.stdout);
+    let report = read_json(&stats);
+    let mut reported: Vec<u64> = report["others"]
+        .as_array()
+        .expect("others")
+        .iter()
+        .filter_map(|o| o["pid"].as_u64())
+        .collect();
+    pids.sort_unstable();
+    reported.sort_unstable();
+    assert_eq!(reported, pids, "{report}");
+}
+
 /// A program that ends with `_exit` (as dash ends every shell, and python's `os._exit`) still
 /// gets the run's summary and `--stats`, with its exit status: before, `zmem run -- sh -c ...`
 /// printed no summary and wrote no statistics. Both a C program calling `_exit(5)` and a shell

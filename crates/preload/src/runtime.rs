@@ -433,7 +433,7 @@ pub fn end(status: libc::c_int) {
         if rt.config.run_pid == Some(rt.pid) {
             report_run(rt, status);
         } else if let Some(dir) = &rt.config.report_dir {
-            write_report(dir, rt.pid);
+            write_report(dir);
         }
     });
     heap::set_internal(was);
@@ -447,16 +447,12 @@ fn report_run(rt: &Runtime, status: i32) {
     let zmem = stats();
     let mut others = Vec::new();
     if let Some(dir) = &rt.config.report_dir {
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for e in entries.flatten() {
-                let read = std::fs::read(e.path()).ok();
-                if let Some(s) = read.and_then(|b| serde_json::from_slice::<ProcessStats>(&b).ok())
-                {
-                    if s.pid != rt.pid {
-                        others.push(s);
-                    }
-                }
-            }
+        if let Ok(reports) = std::fs::read(zmem_runenv::reports_file(dir)) {
+            others.extend(
+                zmem_runenv::read_reports(&reports)
+                    .into_iter()
+                    .filter(|s| s.pid != rt.pid),
+            );
         }
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -503,17 +499,26 @@ fn report_run(rt: &Runtime, status: i32) {
         }
     }
 }
-fn write_report(dir: &std::path::Path, pid: u32) {
-    let path = zmem_runenv::report_path(dir, pid);
-    let tmp = path.with_extension("json.tmp");
-    let body = match serde_json::to_vec_pretty(&stats()) {
-        Ok(b) => b,
-        Err(_) => return,
+/// Appends this process's exit report to the run's reports file (see `zmem_runenv::reports_file`).
+fn write_report(dir: &std::path::Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = zmem_runenv::reports_file(dir);
+    let Ok(line) = zmem_runenv::report_line(&stats()) else {
+        return;
     };
-    let ok = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(&body))
-        .and_then(|_| std::fs::rename(&tmp, &path));
-    if let Err(e) = ok {
-        tracing::warn!("cannot write the exit report {}: {e}", path.display());
+    let written = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write(&line));
+    match written {
+        Ok(n) if n == line.len() => {}
+        Ok(n) => tracing::warn!(
+            "the exit report in {} was cut after {n} of {} bytes",
+            path.display(),
+            line.len()
+        ),
+        Err(e) => tracing::warn!("cannot write the exit report to {}: {e}", path.display()),
     }
 }
