@@ -1798,7 +1798,10 @@ fn processes_that_end_together_all_report() {
     let dir = tmpdir();
     let prog = compile("lazy_start", dir.path(), &[]);
     let stats = dir.path().join("together.json");
-    let line = format!("for i in 1 2 3 4 5 6; do {} big & done; wait", prog.display());
+    let line = format!(
+        "for i in 1 2 3 4 5 6; do {} big & done; wait",
+        prog.display()
+    );
     let mut cmd = zmem_cmd(&["run", "--quiet", "--resident", "4M", "--stats"]);
     cmd.arg(&stats).args(["--", "/bin/sh", "-c", &line]);
     let out = run_to_end(cmd, dir.path(), "together", Duration::from_secs(120));
@@ -1806,7 +1809,12 @@ fn processes_that_end_together_all_report() {
     let mut pids: Vec<u64> = out
         .stdout
         .lines()
-        .filter_map(|l| l.strip_prefix("big pid ")?.strip_suffix(": ok")?.parse().ok())
+        .filter_map(|l| {
+            l.strip_prefix("big pid ")?
+                .strip_suffix(": ok")?
+                .parse()
+                .ok()
+        })
         .collect();
     assert_eq!(pids.len(), 6, "{}", out.stdout);
     let report = read_json(&stats);
