@@ -1552,6 +1552,30 @@ fn zmem_leaves_the_low_descriptors_to_the_program() {
     );
 }
 
+/// Four hundred vfork + execve with their strings in the evicted heap, then threads started
+/// after the locale's data was evicted (tests/c/vfork_pins.c). Each exec's strings are pinned
+/// in the table the vfork child shares with its parent, and a successful exec left its pins
+/// there: the table filled, the pin that keeps the locale's data in memory while a new thread
+/// starts with every signal blocked was refused, and the thread died of SIGBUS (CPython's
+/// `test_os` at 4M, whose subprocess spawns with vfork).
+#[test]
+fn pins_of_execd_vfork_children_are_taken_back() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("vfork_pins", dir.path(), &[]);
+    ok_at_4m_on_both_routes(
+        &prog,
+        &[std::ffi::OsStr::new("/bin/true")],
+        dir.path(),
+        "vfork_pins",
+        Duration::from_secs(120),
+        "vfork_pins: ok",
+    );
+}
+
 /// A debugger's `run` on the signal route: vfork, PTRACE_TRACEME in the child, exec with the
 /// strings in the evicted heap, the program traced with its signals passed on
 /// (tests/c/traced_child.c). The child used to fault on its parent's heap after TRACEME and

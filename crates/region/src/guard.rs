@@ -121,6 +121,10 @@ struct Pin {
     end: AtomicUsize,
     /// The thread an alternate stack belongs to (0: a call's pin).
     owner: AtomicI32,
+    /// The process that made the pin (0 while it is being made). A vfork child shares this
+    /// table with its parent, and the pins its `execve` made for its strings stay when the
+    /// exec succeeds: nobody is left to release them ([`reclaim`]).
+    pid: AtomicI32,
 }
 const PINS: usize = 128;
 #[allow(clippy::declare_interior_mutable_const)] // only to build the array below
@@ -128,16 +132,27 @@ const FREE_PIN: Pin = Pin {
     start: AtomicUsize::new(0),
     end: AtomicUsize::new(0),
     owner: AtomicI32::new(0),
+    pid: AtomicI32::new(0),
 };
 static PIN_TABLE: [Pin; PINS] = [FREE_PIN; PINS];
 /// Pins in use: the evictor looks at the table only when this is not zero.
 static PINNED: AtomicUsize = AtomicUsize::new(0);
 
-/// Pins `[start, end)`; `None` when the table is full (the call then relies on its retry).
+/// Pins `[start, end)`; `None` when the table is full even after the pins of processes gone
+/// from this memory are taken back (the call then relies on its retry).
 fn pin(start: usize, end: usize, owner: i32) -> Option<usize> {
+    take_a_pin(start, end, owner).or_else(|| {
+        reclaim();
+        take_a_pin(start, end, owner)
+    })
+}
+
+fn take_a_pin(start: usize, end: usize, owner: i32) -> Option<usize> {
+    let pid = raw(libc::SYS_getpid, [0; 6]) as i32;
     for (i, p) in PIN_TABLE.iter().enumerate() {
         if p.start.compare_exchange(0, start, AcqRel, Relaxed).is_ok() {
             p.owner.store(owner, Relaxed);
+            p.pid.store(pid, Release);
             p.end.store(end, SeqCst);
             PINNED.fetch_add(1, SeqCst);
             return Some(i);
@@ -150,8 +165,42 @@ fn unpin(i: usize) {
     let p = &PIN_TABLE[i];
     p.end.store(0, SeqCst);
     p.owner.store(0, Relaxed);
+    p.pid.store(0, Relaxed);
     p.start.store(0, Release);
     PINNED.fetch_sub(1, SeqCst);
+}
+
+/// Takes back the pins of processes that no longer run in this memory: a vfork child (or
+/// posix_spawn's) pins the strings its `execve` reads, in the table it shares with its parent,
+/// and a successful exec leaves them there. CPython's subprocess spawns with vfork: after ~40
+/// commands the table was full, the pin that keeps the locale's data in memory while a new
+/// thread starts with every signal blocked was refused, and the new thread's fault on it ended
+/// the process (SIGBUS in `__ctype_init`, CPython's `test_os` at `--resident 4M`). A pin is taken
+/// back only when kcmp says its process is gone or has memory of its own (exec'd); while it
+/// still shares this memory (mid-exec, seen from another thread of the parent), or when the
+/// kernel will not say, it stays.
+fn reclaim() {
+    let me = raw(libc::SYS_getpid, [0; 6]) as i32;
+    for (i, p) in PIN_TABLE.iter().enumerate() {
+        let pid = p.pid.load(Acquire);
+        if pid == 0 || pid == me || p.start.load(Acquire) == 0 || !left_this_memory(me, pid) {
+            continue;
+        }
+        // Claimed by the pid swap, so that a pin released and made again meanwhile (by
+        // another process: its pid differs) is never taken.
+        if p.pid.compare_exchange(pid, 0, AcqRel, Relaxed).is_ok() {
+            unpin(i);
+        }
+    }
+}
+
+/// Whether process `pid` no longer shares `me`'s memory: gone (ESRCH) or with an address space
+/// of its own (kcmp KCMP_VM says different). False when kcmp is refused.
+fn left_this_memory(me: i32, pid: i32) -> bool {
+    /// kcmp(2)'s type for "same address space" (linux/kcmp.h).
+    const KCMP_VM: u64 = 1;
+    let r = raw(libc::SYS_kcmp, [me as u64, pid as u64, KCMP_VM, 0, 0, 0]);
+    r > 0 || r == -(libc::ESRCH as i64)
 }
 
 /// Whether any pin is in use (the evictor's cheap first question).
