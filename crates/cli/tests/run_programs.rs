@@ -1372,6 +1372,16 @@ fn ok_at_4m_on_both_routes(
     ["signal", "handler"].map(|route| (route, ok_at_4m(route, prog, args, dir, tag, timeout, want)))
 }
 
+/// tests/c/NAME.c compiled and run with `args` through [`ok_at_4m_on_both_routes`], each run
+/// printing "NAME: ok".
+fn c_program_ok_at_4m(name: &str, args: &[&std::ffi::OsStr], timeout: Duration) {
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile(name, dir.path(), &[]);
+    let want = format!("{name}: ok");
+    ok_at_4m_on_both_routes(&prog, args, dir.path(), name, timeout, &want);
+}
+
 /// The signal route (`--fault-route signal`): system calls whose buffers are in the evicted
 /// heap (files, pipes between threads with futexes in the heap, writev/readv and
 /// sendmsg/recvmsg, poll/epoll/getdents and a raw syscall(2), the program's own SIGBUS and
@@ -1519,17 +1529,7 @@ fn a_process_ends_when_its_last_program_thread_does() {
     if !ready() {
         return;
     }
-    let _g = heavy();
-    let dir = tmpdir();
-    let prog = compile("main_thread_exits", dir.path(), &[]);
-    ok_at_4m_on_both_routes(
-        &prog,
-        &[],
-        dir.path(),
-        "main_thread_exits",
-        Duration::from_secs(60),
-        "main_thread_exits: ok",
-    );
+    c_program_ok_at_4m("main_thread_exits", &[], Duration::from_secs(60));
 }
 
 /// zmem's descriptors sit high (tests/c/low_fds.c): the region's two eventfds took 3 and 4,
@@ -1539,17 +1539,7 @@ fn zmem_leaves_the_low_descriptors_to_the_program() {
     if !ready() {
         return;
     }
-    let _g = heavy();
-    let dir = tmpdir();
-    let prog = compile("low_fds", dir.path(), &[]);
-    ok_at_4m_on_both_routes(
-        &prog,
-        &[],
-        dir.path(),
-        "low_fds",
-        Duration::from_secs(60),
-        "low_fds: ok",
-    );
+    c_program_ok_at_4m("low_fds", &[], Duration::from_secs(60));
 }
 
 /// Four hundred vfork + execve with their strings in the evicted heap, then threads started
@@ -1563,16 +1553,10 @@ fn pins_of_execd_vfork_children_are_taken_back() {
     if !ready() {
         return;
     }
-    let _g = heavy();
-    let dir = tmpdir();
-    let prog = compile("vfork_pins", dir.path(), &[]);
-    ok_at_4m_on_both_routes(
-        &prog,
-        &[std::ffi::OsStr::new("/bin/true")],
-        dir.path(),
+    c_program_ok_at_4m(
         "vfork_pins",
+        &[std::ffi::OsStr::new("/bin/true")],
         Duration::from_secs(120),
-        "vfork_pins: ok",
     );
 }
 
