@@ -240,6 +240,7 @@ impl Heap {
                 ARENA_CHUNK >> 30
             )));
         }
+        mi::process_start();
         if global_allocator_is_mimalloc() {
             return Err(HeapError::SharedAllocator);
         }

@@ -8,6 +8,7 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{c_int, c_long, c_void};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use libmimalloc_sys as _;
 
@@ -93,3 +94,57 @@ extern "C" {
     /// owns yet: it would unregister live pages.
     pub fn _mi_page_map_unregister_range(start: *mut c_void, size: usize);
 }
+
+extern "C" {
+    /// mimalloc-internal (init.c): true until mimalloc's process start has run. While it is
+    /// true mimalloc never purges and refuses arena memory.
+    fn _mi_preloading() -> bool;
+    /// mimalloc-internal (init.c): mimalloc's process start (options, page map, the key that
+    /// ends a thread's heap, random seed), which its load-time constructor calls.
+    fn _mi_auto_process_init();
+}
+
+/// Runs mimalloc's process start once. zmem builds mimalloc without its load-time
+/// constructor (`MI_PRIM_HAS_PROCESS_ATTACH`, .cargo/config.toml) so that the preload library
+/// can start it only when zmem starts in a process: a process the run execs that never starts
+/// zmem then pays nothing for mimalloc (it opened a /proc and a /sys file, mapped its page
+/// map and read ~40 variables in every such process; docs/DESIGN-NOTES.md, "What a process
+/// pays before zmem starts"), and an ending process no longer frees its whole heap page by
+/// page. Elsewhere this crate's own constructor ([`START_AT_LOAD`]) runs it as mimalloc's
+/// did: on the main thread, which mimalloc takes for the one that never ends first (started
+/// on a thread that then ended, the next thread's allocation crashed). Built with mimalloc's
+/// constructor, the start has already run and this does nothing.
+pub fn process_start() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: both are plain functions of the linked mimalloc; the start runs once (the
+        // constructor, if built in, has already cleared `_mi_preloading`).
+        unsafe {
+            if _mi_preloading() {
+                _mi_auto_process_init();
+            }
+        }
+    });
+}
+
+/// Set by the preload library before the constructors run: mimalloc's start waits for
+/// zmem's.
+static START_DEFERRED: AtomicBool = AtomicBool::new(false);
+
+/// mimalloc's process start is left to an explicit [`process_start`] (the preload library,
+/// from a constructor that runs before this crate's).
+pub fn defer_process_start() {
+    START_DEFERRED.store(true, Relaxed);
+}
+
+/// mimalloc's process start at load time, on the main thread, unless deferred.
+#[used]
+#[link_section = ".init_array"]
+static START_AT_LOAD: extern "C" fn() = {
+    extern "C" fn at_load() {
+        if !START_DEFERRED.load(Relaxed) {
+            process_start();
+        }
+    }
+    at_load
+};

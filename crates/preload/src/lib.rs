@@ -46,6 +46,18 @@ static START: extern "C" fn() = {
     start
 };
 
+/// Before any constructor of the library without a priority (zmem-heap's among them):
+/// mimalloc's process start waits for zmem's own start in this process (runtime::start),
+/// which a process the run execs may never reach (lazy.rs).
+#[used]
+#[link_section = ".init_array.00100"]
+static DEFER_MIMALLOC_START: extern "C" fn() = {
+    extern "C" fn defer() {
+        mi::defer_process_start();
+    }
+    defer
+};
+
 use zmem_os::PAGE_SIZE as PAGE;
 
 #[inline]

@@ -97,11 +97,12 @@ pub fn begin() {
     }
     let was = heap::set_internal(true);
     let point = crate::lazy::start_point();
+    #[cfg(mimalloc_constructor)]
     if point.is_some() {
-        // Its constructor may come after this one: its own mappings are zmem's, not the
-        // program's (they would count toward the start point).
-        // SAFETY: mimalloc's process initialization, idempotent.
-        unsafe { crate::mi::mi_process_init() };
+        // mimalloc built with its load-time constructor (build.rs warned), which may come
+        // after this one: its mappings are zmem's, not the program's (they would count toward
+        // the start point).
+        crate::mi::process_start();
     }
     heap::set_internal(was);
     match point {
@@ -126,6 +127,7 @@ pub fn start() {
         return;
     }
     let was = heap::set_internal(true);
+    crate::mi::process_start();
     heap::pin_options();
     if !heap::tune_internal_heap() {
         tracing::debug!("glibc refused the internal heap's malloc settings");
