@@ -78,9 +78,10 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            cpu_workers: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            // The affinity mask, not std's `available_parallelism`: that also reads the
+            // cgroup's CPU quota (/proc/self/cgroup, mountinfo, the quota files), ~70 µs in
+            // every process a zmem run starts in, where the pool is made only by a batch.
+            cpu_workers: zmem_os::thread::cpus_available(),
             cpu_queue: 8192,
             offload_min_bytes: 64 * 1024,
             reject_ratio: zmem_codec::DEFAULT_REJECT_RATIO,
