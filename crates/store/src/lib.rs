@@ -457,7 +457,15 @@ impl Drop for StoreCore {
                     continue;
                 }
                 let (st, aux) = slot.lock();
-                self.inner.release(st, aux);
+                match st.kind() {
+                    // Pool memory: the pool, dropped with the store, unmaps its chunks whole.
+                    // Freed object by object, every emptied run was an madvise, and each a
+                    // TLB-flush IPI to the program's CPU: a forked child's snapshot of 48 MB
+                    // cost the evictor ~7 ms to drop, which the next fork waited for
+                    // (docs/DESIGN-NOTES.md, "What a process pays before zmem starts").
+                    OBJECT | BLOCK => {}
+                    _ => self.inner.release(st, aux),
+                }
                 slot.unlock_with(State::new(EMPTY), 0);
             }
         }
