@@ -108,6 +108,11 @@ pub struct RunArgs {
     /// gives the thread its own affinity back when another thread faults or the faults stop.
     #[arg(long)]
     pub no_colocate: bool,
+    /// Give a forked child a copy of every compressed page at the fork. By default it reads
+    /// the pages evicted at the fork from the program's store, which hands a page down to it
+    /// only before changing it (a fork of a 64 MB heap at 16M: ~2 ms instead of ~9).
+    #[arg(long)]
+    pub no_inherit_fork: bool,
     /// Let the thread that serves faults compress the pages it evicts itself. By default it
     /// only moves them out between faults and zmem's evictor thread compresses them on another
     /// CPU, so the program does not wait for the compressor.
@@ -279,6 +284,7 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
         },
         handler_threads: a.handler_threads as usize,
         colocate: !a.no_colocate,
+        inherit_fork: !a.no_inherit_fork,
         async_settle: !a.no_async_settle,
         fault_route: match a.fault_route {
             FaultRouteArg::Auto if zmem_os::caps::effective(zmem_os::caps::SYS_ADMIN) => {

@@ -212,6 +212,7 @@ fn init() -> Result<(), InitError> {
     rc.eviction = config.eviction;
     rc.handler_threads = config.handler_threads;
     rc.colocate = config.colocate;
+    rc.inherit_on_fork = config.inherit_fork;
     rc.async_settle = config.async_settle;
     rc.clean_copies = config.clean_copies;
     rc.verify_pages = config.verify_pages;

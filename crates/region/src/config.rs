@@ -119,6 +119,11 @@ pub struct RegionConfig {
     /// one CPU; the thread's own affinity comes back when another thread faults, the faults
     /// stop (0.5 s), or the region is dropped.
     pub colocate: bool,
+    /// A forked child of the creator reads the pages evicted at the fork from the creator's
+    /// store, which hands a page down to every child still reading it before changing its own
+    /// copy (see the `inherit` module), instead of a copy of every compressed page made at the
+    /// fork event (a fork of a 64 MB heap at a 16M budget: ~2 ms instead of ~9).
+    pub inherit_on_fork: bool,
     /// Handlers only move pages out between faults and leave their compression to the
     /// evictor thread, which colocation keeps off the program's CPU: the program's CPU does
     /// not wait for the compressor (see `Shared::evict_async`). A fault that finds the budget
@@ -234,6 +239,7 @@ impl RegionConfig {
             handler_threads: 1,
             handler_spin_us: 50,
             colocate: true,
+            inherit_on_fork: true,
             async_settle: true,
             clean_copies: CleanCopies::Ssd,
             store_limit: None,

@@ -25,6 +25,7 @@ mod fault;
 mod fork;
 mod forked;
 pub mod guard;
+mod inherit;
 mod manager;
 pub mod policy;
 mod remap;
@@ -211,11 +212,22 @@ impl Region {
             child::close_raw(gate_fd);
             return Err(e);
         }
+        // The creator's store hands pages down to forked children that inherit them
+        // (inherit.rs).
+        let (store, heirs_parent): (Box<dyn BackingStore>, _) = if cfg.inherit_on_fork {
+            let store = inherit::RootStore::new(store);
+            let parent = store.parent().clone();
+            (Box::new(store), Some(parent))
+        } else {
+            (store, None)
+        };
         let root = Space {
             uffd: fd,
             base: region.addr(),
             pages,
             store: std::mem::ManuallyDrop::new(store),
+            heirs_parent,
+            heir: None,
             inner: Mutex::new({
                 let mut inner = SpaceInner::new(
                     if cfg.trace_pages {

@@ -48,6 +48,10 @@ pub(crate) struct Space {
     pub pages: usize,
     /// Dropped by `Drop for Space` (a child's on a thread of its own).
     pub store: std::mem::ManuallyDrop<Box<dyn BackingStore>>,
+    /// The creator's: its store, from which forked children inherit pages (inherit.rs).
+    pub heirs_parent: Option<Arc<crate::inherit::Parent>>,
+    /// A child of the creator: what it inherits, marked dead when the child is gone.
+    pub heir: Option<Arc<crate::inherit::Heir>>,
     pub inner: Mutex<SpaceInner>,
     /// The creator's space evicts; a child's is served from its snapshot only.
     pub is_root: bool,

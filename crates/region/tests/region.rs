@@ -709,6 +709,107 @@ fn fork_sees_evicted_pages_and_writes_stay_private() {
     assert!(r.stats().forks >= 1);
 }
 
+/// A child inherits the pages evicted at the fork instead of a copy of them (inherit.rs,
+/// `inherit_on_fork`; and the same with the copy made at the fork): the parent then changes
+/// every one of them (rewrites half, drops the other half with
+/// MADV_DONTNEED) before the child reads any, and the child, and a grandchild it forks
+/// afterwards (whose snapshot copies through the child's store), still read the fork-time
+/// content; a child forked after the changes reads the new content.
+#[test]
+fn children_read_fork_time_pages_the_parent_changed_since() {
+    for inherit in [true, false] {
+        fork_time_pages_after_changes(inherit);
+    }
+}
+
+fn fork_time_pages_after_changes(inherit: bool) {
+    let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
+    cfg.inherit_on_fork = inherit;
+    let Some(r) = region_with(cfg) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 3);
+    }
+    assert!(r.stats().evictions > 0);
+    let mut go = [0; 2];
+    // SAFETY: a valid array of two descriptors.
+    assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
+    // SAFETY: the child only touches memory, forks, waits and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let mut b = 0u8;
+        // SAFETY: one byte into a valid buffer.
+        unsafe { libc::read(go[0], (&mut b as *mut u8).cast(), 1) };
+        let code = if (0..pages).all(|i| matches(page_mut(&r, i), i, 3)) {
+            // SAFETY: as above.
+            match unsafe { libc::fork() } {
+                0 => {
+                    let ok = (0..pages).all(|i| matches(page_mut(&r, i), i, 3));
+                    // SAFETY: leaving without the parent's destructors.
+                    unsafe { libc::_exit(if ok { 0 } else { 21 }) }
+                }
+                g if g > 0 => {
+                    let mut st = 0;
+                    // SAFETY: our own child.
+                    unsafe { libc::waitpid(g, &mut st, 0) };
+                    if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 {
+                        0
+                    } else {
+                        22
+                    }
+                }
+                _ => 23,
+            }
+        } else {
+            20
+        };
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    for i in 0..pages {
+        if i % 2 == 0 {
+            fill(page_mut(&r, i), i, 4);
+        } else {
+            let p = page_mut(&r, i);
+            // SAFETY: a whole page of the region.
+            assert_eq!(
+                unsafe { libc::madvise(p.as_mut_ptr().cast(), PAGE, libc::MADV_DONTNEED) },
+                0
+            );
+        }
+    }
+    // SAFETY: one byte from a valid buffer.
+    assert_eq!(unsafe { libc::write(go[1], b"x".as_ptr().cast(), 1) }, 1);
+    wait_for_child(pid);
+    // SAFETY: as above.
+    let late = unsafe { libc::fork() };
+    assert!(late >= 0);
+    if late == 0 {
+        let ok = (0..pages).all(|i| {
+            let p = page_mut(&r, i);
+            if i % 2 == 0 {
+                matches(p, i, 4)
+            } else {
+                p.iter().all(|&b| b == 0)
+            }
+        });
+        // SAFETY: as above.
+        unsafe { libc::_exit(if ok { 0 } else { 30 }) };
+    }
+    wait_for_child(late);
+    for i in (0..pages).step_by(2) {
+        check(page_mut(&r, i), i, 4);
+    }
+    // SAFETY: our pipe's descriptors.
+    unsafe {
+        libc::close(go[0]);
+        libc::close(go[1]);
+    }
+}
+
 /// Runs in the forked child: no allocation (the parent's allocator locks may be held).
 fn child_check(r: &Region, pages: usize) -> i32 {
     for i in 0..pages {

@@ -40,6 +40,10 @@ pub const ENV_HANDLER_THREADS: &str = "ZMEM_HANDLER_THREADS";
 /// `0`: never pin the thread taking every fault and zmem's threads to one CPU
 /// (`--no-colocate`); unset or `1`: do (see zmem_region's `RegionConfig::colocate`).
 pub const ENV_COLOCATE: &str = "ZMEM_COLOCATE";
+/// `0`: a forked child gets a copy of every page evicted at the fork (`--no-inherit-fork`);
+/// unset or `1`: it reads them from the parent's store, which hands a page down before
+/// changing it (see zmem_region's `RegionConfig::inherit_on_fork`).
+pub const ENV_INHERIT_FORK: &str = "ZMEM_INHERIT_FORK";
 /// `0`: handlers compress the pages they evict themselves (`--no-async-settle`); unset or `1`:
 /// they leave it to the evictor thread (see zmem_region's `RegionConfig::async_settle`).
 pub const ENV_ASYNC_SETTLE: &str = "ZMEM_ASYNC_SETTLE";
@@ -105,7 +109,7 @@ pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 pub const ENV_GUARD_FILTER: &str = "ZMEM_GUARD_FILTER";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 28] = [
+pub const ALL_VARS: [&str; 29] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -126,6 +130,7 @@ pub const ALL_VARS: [&str; 28] = [
     ENV_SSD_ENCRYPT,
     ENV_SSD_READ_AHEAD,
     ENV_START_AT,
+    ENV_INHERIT_FORK,
     ENV_REPORT_DIR,
     ENV_SOCKET_DIR,
     ENV_ON_ERROR,
@@ -188,6 +193,7 @@ pub struct RunConfig {
     pub eviction: Eviction,
     pub handler_threads: usize,
     pub colocate: bool,
+    pub inherit_fork: bool,
     pub async_settle: bool,
     pub fault_route: FaultRoute,
     pub clean_copies: CleanCopies,
@@ -226,6 +232,7 @@ impl Default for RunConfig {
             eviction: Eviction::Clock,
             handler_threads: 1,
             colocate: true,
+            inherit_fork: true,
             async_settle: true,
             fault_route: FaultRoute::Handler,
             clean_copies: CleanCopies::Ssd,
@@ -324,6 +331,7 @@ impl RunConfig {
                 .ok_or_else(|| invalid(ENV_HANDLER_THREADS, &v, "expected 1..=16"))?;
         }
         c.colocate = flag(ENV_COLOCATE, true)?;
+        c.inherit_fork = flag(ENV_INHERIT_FORK, true)?;
         c.async_settle = flag(ENV_ASYNC_SETTLE, true)?;
         c.fault_route = match get(ENV_FAULT_ROUTE).filter(|v| !v.is_empty()) {
             None => FaultRoute::Handler,
@@ -407,6 +415,9 @@ impl RunConfig {
         v.push((ENV_HANDLER_THREADS, self.handler_threads.to_string()));
         if !self.colocate {
             v.push((ENV_COLOCATE, "0".into()));
+        }
+        if !self.inherit_fork {
+            v.push((ENV_INHERIT_FORK, "0".into()));
         }
         if !self.async_settle {
             v.push((ENV_ASYNC_SETTLE, "0".into()));
@@ -869,6 +880,7 @@ mod tests {
             eviction: Eviction::Fifo,
             handler_threads: 2,
             colocate: false,
+            inherit_fork: false,
             async_settle: false,
             fault_route: FaultRoute::Signal,
             clean_copies: CleanCopies::All,

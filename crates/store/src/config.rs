@@ -39,6 +39,10 @@ pub enum StoreError {
         index: Option<u64>,
         source: zmem_tier::TierError,
     },
+    /// Page `index` is lost for this store's owner (a forked child whose copy of a page
+    /// its parent changed could not be made): poisoned, never read as zeros.
+    #[error("page {index} is lost: {reason}")]
+    Lost { index: u64, reason: &'static str },
 }
 
 impl StoreError {
@@ -48,6 +52,7 @@ impl StoreError {
         match self {
             StoreError::Corrupt { index, .. } => Some(*index),
             StoreError::Lower { index, .. } => *index,
+            StoreError::Lost { index, .. } => Some(*index),
             _ => None,
         }
     }
