@@ -416,8 +416,7 @@ impl Shared {
             match st {
                 // Only Stored pages: a Faulting page may have no entry (a first touch, which
                 // the child must read as zeros), and the parent's later eviction of it would
-                // hand down what it wrote after the fork (a forked child's malloc saw such a
-                // page of mimalloc's metadata: NULL, 1 run in 25 of tests/c/fork_grow.c).
+                // hand down what it wrote after the fork.
                 Stored if heir.is_some() => {
                     if let Some(h) = heir.as_mut() {
                         h.inherit(i);
