@@ -411,7 +411,7 @@ impl Shared {
         let mut heir = parent
             .heirs_parent
             .as_ref()
-            .map(|_| crate::inherit::HeirBuilder::new(parent.pages));
+            .map(|p| crate::inherit::HeirBuilder::new(p, parent.pages));
         for (i, st) in inner.state.iter_touched() {
             match st {
                 // Only Stored pages: a Faulting page may have no entry (a first touch, which
@@ -466,14 +466,13 @@ impl Shared {
                 other => state.init(i, other),
             }
         }
-        let (store, heir): (Box<dyn crate::backing::BackingStore>, _) =
-            match (heir, parent.heirs_parent.as_ref()) {
-                (Some(h), Some(p)) => {
-                    let (store, heir) = h.build(store, p);
-                    (Box::new(store), Some(heir))
-                }
-                _ => (store, None),
-            };
+        let (store, heir): (Box<dyn crate::backing::BackingStore>, _) = match heir {
+            Some(h) => {
+                let (store, heir) = h.build(store);
+                (Box::new(store), Some(heir))
+            }
+            None => (store, None),
+        };
         let mut mine = SpaceInner::new(state, None);
         // The child's resident pages are those present at fork (its copy-on-write mapping).
         mine.resident = resident;

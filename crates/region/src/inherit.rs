@@ -156,16 +156,18 @@ impl RootStore {
     }
 }
 
-/// Builds a child's store at a fork of the creator: `mark` is called with each page index
+/// Builds a child's store at a fork of the creator: `inherit` is called with each page index
 /// the parent's store holds for the child.
 pub(crate) struct HeirBuilder {
+    parent: Arc<Parent>,
     bits: Box<[AtomicU64]>,
     left: usize,
 }
 
 impl HeirBuilder {
-    pub(crate) fn new(pages: usize) -> HeirBuilder {
+    pub(crate) fn new(parent: &Arc<Parent>, pages: usize) -> HeirBuilder {
         HeirBuilder {
+            parent: parent.clone(),
             bits: zeroed_bits(pages.div_ceil(64)),
             left: 0,
         }
@@ -182,11 +184,8 @@ impl HeirBuilder {
     }
 
     /// The child's store: `own` for what it takes over, the parent's for the rest.
-    pub(crate) fn build(
-        self,
-        own: Box<dyn BackingStore>,
-        parent: &Arc<Parent>,
-    ) -> (ChildStore, Arc<Heir>) {
+    pub(crate) fn build(self, own: Box<dyn BackingStore>) -> (ChildStore, Arc<Heir>) {
+        let parent = self.parent;
         let heir = Arc::new(Heir {
             own,
             bits: self.bits,
@@ -203,7 +202,7 @@ impl HeirBuilder {
         (
             ChildStore {
                 heir: heir.clone(),
-                parent: parent.clone(),
+                parent,
             },
             heir,
         )
