@@ -56,7 +56,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub adaptive: bool,
     /// Virtual size of the heap: the most the program can allocate (default 4x this machine's
-    /// memory; untouched parts cost nothing).
+    /// memory; untouched parts cost nothing). Blocks over 32 MiB take whole 32 MiB pieces; a
+    /// malloc past it returns NULL (ENOMEM) and zmem says so once.
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
     /// Address space for the program's own anonymous mappings (mmap: pymalloc's arenas, a JVM's
