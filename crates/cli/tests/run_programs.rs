@@ -1419,6 +1419,32 @@ fn system_calls_into_the_evicted_heap_on_the_signal_route() {
     }
 }
 
+/// A program whose runtime installs its SIGBUS handler with the raw system call, as Go's does
+/// in a cgo build (tests/c/raw_sigbus.c exports cgo's `_cgo_topofstack` and ends with status 9
+/// in its own handler): on the signal route its handler replaced zmem's and the first evicted
+/// page ended it; such a program now gets the handler route. Its 8 MiB are evicted at 4M and
+/// read back on both routes.
+#[test]
+fn a_runtime_that_takes_sigbus_with_a_raw_call() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("raw_sigbus", dir.path(), &["-rdynamic"]);
+    for route in ["signal", "handler"] {
+        ok_at_4m(
+            route,
+            &prog,
+            &[],
+            dir.path(),
+            "raw_sigbus",
+            Duration::from_secs(120),
+            "ok ",
+        );
+    }
+}
+
 /// errno stays the program's (tests/c/errno_kept.c): a fault served on the program's thread, a
 /// system call into the evicted heap (through the C library's wrapper and trapped raw), and
 /// the heap's own work in malloc, realloc and free leave it as the program set it. `sort -u`

@@ -196,10 +196,16 @@ pub fn asynchronous_signals() -> libc::sigset_t {
 /// SIGALRM handler reading the evicted heap ran on the fault handler, the evictor and the
 /// compressor threads, each then waiting on a lock it held itself). The synchronous signals
 /// (a fault, a trap) stay open: blocked, the kernel kills instead of delivering them.
-struct AsyncSignalsBlocked(libc::sigset_t);
+///
+/// A program thread holds it while it runs zmem code that takes a lock the fault handler
+/// needs: a signal delivered meanwhile writes its frame on the thread's signal stack, which
+/// may be region memory (a cgo Go program's gsignal stacks are in its heap); if that page is
+/// evicted, the kernel waits for the handler, and the handler for the lock (found in session
+/// 44: a Go thread in `Region::populate`'s `UFFDIO_ZEROPAGE` got SIGURG; both hung for good).
+pub struct AsyncSignalsBlocked(libc::sigset_t);
 
 impl AsyncSignalsBlocked {
-    fn new() -> AsyncSignalsBlocked {
+    pub fn new() -> AsyncSignalsBlocked {
         // SAFETY: sigset_t is plain data; the set and the old mask live on this stack, and the
         // raw rt_sigprocmask (past any interposed sigprocmask) reads and writes 8 bytes of each.
         unsafe {
@@ -214,6 +220,12 @@ impl AsyncSignalsBlocked {
             );
             AsyncSignalsBlocked(old)
         }
+    }
+}
+
+impl Default for AsyncSignalsBlocked {
+    fn default() -> AsyncSignalsBlocked {
+        AsyncSignalsBlocked::new()
     }
 }
 

@@ -636,6 +636,7 @@ impl Region {
             return Ok(());
         }
         let sh = self.shared();
+        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
         let mut inner = sh.root.inner.lock();
         // Pages of the range already resident leave the budget's count for the pinned one.
         for p in first..last {
@@ -784,6 +785,7 @@ impl Region {
         if !self.in_creator() {
             return Ok(0);
         }
+        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
         let mut inner = self.shared().root.inner.lock();
         if inner.held.is_empty() {
             return Ok(0);
@@ -811,6 +813,9 @@ impl Region {
         let s = &sh.root;
         let low = sh.low_water();
         let mut done = 0;
+        // Called on program threads (an allocator's commit): no signal frame may fault while
+        // the lock is held (`AsyncSignalsBlocked`).
+        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
         let mut inner = s.inner.lock();
         let mut i = first as usize;
         while i < last as usize {

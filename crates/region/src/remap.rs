@@ -51,6 +51,8 @@ impl Shared {
     /// not overlapping); see the module's comment. The caller is the creator's process and no
     /// other thread uses either range meanwhile.
     pub(crate) fn move_pages(&self, dst: usize, src: usize, pages: usize) -> Remapped {
+        // On a program thread (realloc, mremap): see `AsyncSignalsBlocked`.
+        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
         let s = &self.root;
         let mut out = Remapped::default();
         self.drop_mapped(dst, pages);

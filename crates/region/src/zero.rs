@@ -68,6 +68,8 @@ impl Shared {
     /// The pages of the range: Absent ones left alone, Stored ones forgotten, and the others
     /// written with zeros if `write_others` (else left alone too).
     fn clear_pages(&self, first: usize, pages: usize, write_others: bool) -> Zeroed {
+        // On a program thread (free, calloc): see `AsyncSignalsBlocked`.
+        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
         let s = &self.root;
         let mut out = Zeroed::default();
         let mut write = Vec::with_capacity(CHUNK);
