@@ -224,10 +224,10 @@ fn init() -> Result<(), InitError> {
     rc.fault_route = config.fault_route;
     if rc.fault_route == zmem_region::FaultRoute::Signal
         && rc.guard_inherited.is_none()
-        && replaces_fault_handlers_raw()
+        && is_go_with_cgo()
     {
         tracing::debug!(
-            "a Go program (cgo): its runtime replaces SIGBUS's handler, so the handler route"
+            "a Go program (cgo): its signal stacks are in its heap, so the handler route"
         );
         rc.fault_route = zmem_region::FaultRoute::Handler;
     }
@@ -310,15 +310,18 @@ fn init() -> Result<(), InitError> {
     Ok(())
 }
 
-/// Whether the program is one whose runtime installs its own SIGBUS and SIGSEGV handlers with
-/// the raw system call, past the preload's `sigaction`: Go's, in a dynamically linked (cgo)
-/// build, whose executable exports cgo's entry points. On the signal route its handler would
-/// replace zmem's, and an evicted page of its heap (Go's heap is in the map space, cgo maps it
-/// through libc) then ends the program with SIGBUS (session 44: a cgo program with four
-/// goroutines at `--resident 8M`, 5 of 10 runs). Such a program gets the handler route, unless
-/// a filter inherited from its parent already guards the region's range (the handler route
-/// would have its system calls trapped). A static Go binary is refused by `zmem run`.
-fn replaces_fault_handlers_raw() -> bool {
+/// Whether the program is a Go program linked dynamically (cgo: its executable exports cgo's
+/// entry points). Go's runtime gives every thread an alternate signal stack of its own heap
+/// (the gsignal stacks) with the raw sigaltstack call, which neither the preload's wrapper
+/// nor the guard's filter sees (its struct is on the system stack); cgo maps Go's heap through
+/// the C library, so those stacks are in the map space and get evicted. On the signal route a
+/// fault's SIGBUS frame then goes to an evicted stack, which the kernel cannot write: the
+/// program is killed (session 44: a cgo program with four goroutines at `--resident 8M`, 5 of
+/// 10 runs; tests/c/go_like.c). Such a program gets the handler route, where the kernel waits
+/// for the page, unless a filter inherited from its parent already guards the region's range
+/// (the handler route would have its system calls trapped). A static Go binary is refused by
+/// `zmem run`.
+fn is_go_with_cgo() -> bool {
     [c"_cgo_topofstack", c"x_cgo_init"].iter().any(|name| {
         // SAFETY: a lookup by name in the global scope; nothing is called.
         !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()

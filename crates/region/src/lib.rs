@@ -440,6 +440,8 @@ impl Region {
         let c = &sh.counters;
         let page = PAGE as u64;
         let (resident, pinned_mapped, pinned_ranges, held, incompressible, clean_copies, evictable) = {
+            // Also asked on a program thread (the report at exit): see `AsyncSignalsBlocked`.
+            let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
             let inner = sh.root.inner.lock();
             let evictable = inner
                 .tracker
