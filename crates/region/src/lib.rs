@@ -298,6 +298,7 @@ impl Region {
             event_delay_us: AtomicU64::new(0),
             fork_hold_us: AtomicU64::new(0),
             run_delay_us: AtomicU64::new(0),
+            populate_delay_us: AtomicU64::new(0),
             mapped_delay_us: AtomicU64::new(0),
             own_page_refusals: AtomicU64::new(0),
             move_delay_us: AtomicU64::new(0),
@@ -544,6 +545,14 @@ impl Region {
     pub fn delay_events_for_tests(&self, delay: Duration) {
         self.shared()
             .event_delay_us
+            .store(delay.as_micros() as u64, Relaxed);
+    }
+
+    /// Tests only: `populate` waits `delay` while it holds the space lock.
+    #[doc(hidden)]
+    pub fn delay_populate_for_tests(&self, delay: Duration) {
+        self.shared()
+            .populate_delay_us
             .store(delay.as_micros() as u64, Relaxed);
     }
 
@@ -819,6 +828,10 @@ impl Region {
         // the lock is held (`AsyncSignalsBlocked`).
         let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
         let mut inner = s.inner.lock();
+        let delay = sh.populate_delay_us.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
         let mut i = first as usize;
         while i < last as usize {
             if inner.state.get(i) != state::PageState::Absent {

@@ -543,6 +543,9 @@ pub(crate) struct Shared {
     /// Tests only (`Region::delay_fault_around_for_tests`): microseconds a fault waits between
     /// reading a run of pages and mapping it.
     pub run_delay_us: AtomicU64,
+    /// Tests only (`Region::delay_populate_for_tests`): microseconds `populate` waits with the
+    /// space lock held, as a program thread preempted there does.
+    pub populate_delay_us: AtomicU64,
     /// Tests only (`Region::delay_after_mapping_for_tests`): microseconds a fault waits between
     /// mapping its pages (which wakes the faulting thread) and recording them resident.
     pub mapped_delay_us: AtomicU64,

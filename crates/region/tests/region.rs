@@ -583,6 +583,78 @@ fn populate_maps_zero_pages_within_the_budget_and_pins_without() {
     assert!(r.populate(r.len(), PAGE).is_err(), "outside the region");
 }
 
+/// A program thread inside zmem's code with the space lock held (here `populate`, which an
+/// allocator's commit or the map space's mmap calls) takes a signal whose frame goes to
+/// region memory the handler must map first (an alternate signal stack in the region, as a
+/// cgo Go program's gsignal stacks are). Before session 44 the kernel waited for the handler
+/// and the handler for the lock, for good; now the signal waits until the lock is let go.
+#[test]
+fn a_signal_whose_frame_faults_while_populate_holds_the_lock() {
+    static TAKEN: AtomicU64 = AtomicU64::new(0);
+    extern "C" fn on_signal(_: libc::c_int) {
+        TAKEN.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(4 * MIB));
+    cfg.fault_route = zmem_region::FaultRoute::Handler;
+    let Some(r) = region_with(cfg) else {
+        return;
+    };
+    let sig = libc::SIGRTMIN() + 7;
+    // SAFETY: a handler that only counts, run on alternate stacks; no other test uses `sig`.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_ONSTACK;
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+    r.delay_populate_for_tests(Duration::from_millis(300));
+    // Not dropped if the thread hangs: dropping would wait for it too.
+    let r: &'static Region = Box::leak(Box::new(r));
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // The region's first 64 KiB, never touched: a signal frame there is a fault.
+        let on = libc::stack_t {
+            ss_sp: r.as_ptr().cast(),
+            ss_flags: 0,
+            ss_size: 64 << 10,
+        };
+        let off = libc::stack_t {
+            ss_sp: std::ptr::null_mut(),
+            ss_flags: libc::SS_DISABLE,
+            ss_size: 0,
+        };
+        // SAFETY: the region outlives the thread; the stack is turned off before it ends. The
+        // raw call, as Go's runtime makes it.
+        let set = |s: &libc::stack_t| unsafe {
+            libc::syscall(
+                libc::SYS_sigaltstack,
+                s,
+                std::ptr::null_mut::<libc::stack_t>(),
+            )
+        };
+        assert_eq!(set(&on), 0);
+        // SAFETY: pthread_self cannot fail.
+        let _ = tid_tx.send(unsafe { libc::pthread_self() });
+        let mapped = r.populate(r.len() / 2, 64 * PAGE);
+        set(&off);
+        let _ = done_tx.send(mapped.map_err(|e| e.to_string()));
+    });
+    let thread = tid_rx.recv().unwrap();
+    // Inside populate's wait by now (it holds the lock for 300 ms).
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: the thread lives until it reports below.
+    assert_eq!(unsafe { libc::pthread_kill(thread, sig) }, 0);
+    match done_rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(mapped) => assert!(mapped.is_ok(), "{mapped:?}"),
+        Err(_) => panic!("populate's thread hangs: its signal frame waits for the handler, which waits for the lock"),
+    }
+    assert_eq!(TAKEN.load(Ordering::Relaxed), 1);
+    r.delay_populate_for_tests(Duration::ZERO);
+    // SAFETY: leaked above; the thread that used it has ended.
+    drop(unsafe { Box::from_raw(r as *const Region as *mut Region) });
+}
+
 #[test]
 fn discard_forgets_evicted_pages_at_once() {
     let Some(r) = region(16 * MIB, MIB) else {
