@@ -113,7 +113,14 @@ fn fail<T>(e: c_int, value: T) -> T {
 /// Runs `f` as zmem's own code: its allocations go to the internal heap and its memory calls
 /// straight to the kernel. A panic (a zmem bug) must not cross into the program: `fallback`
 /// then does what the kernel alone would.
+///
+/// The asynchronous signals wait meanwhile: this code takes locks the fault handler needs too
+/// (the region's, the internal heap's), and a cgo Go program's signal stacks are in the map
+/// space, so a signal frame written there while such a lock is held would wait for a handler
+/// that waits for the lock (`zmem_os::thread::AsyncSignalsBlocked`). Two `rt_sigprocmask`
+/// calls beside the mapping's own system calls.
 fn as_zmem<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
+    let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
     let was = heap::set_internal(true);
     let r = std::panic::catch_unwind(AssertUnwindSafe(f));
     heap::set_internal(was);
