@@ -590,10 +590,30 @@ fn populate_maps_zero_pages_within_the_budget_and_pins_without() {
 /// and the handler for the lock, for good; now the signal waits until the lock is let go.
 #[test]
 fn a_signal_whose_frame_faults_while_populate_holds_the_lock() {
+    signal_while_zmem_code_runs(|r| {
+        r.delay_populate_for_tests(Duration::from_millis(300));
+        Box::new(|r: &Region| {
+            r.populate(r.len() / 2, 64 * PAGE)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    });
+}
+
+/// A call `make` returns (after setting the region's test delay) runs on a thread whose
+/// alternate signal stack is the region's first 64 KiB, written and then evicted, so a signal
+/// frame there is a fault the handler must serve; 100 ms into the call the thread gets a
+/// signal. The call
+/// must end, and the signal be taken once.
+fn signal_while_zmem_code_runs(
+    make: impl FnOnce(&Region) -> Box<dyn FnOnce(&Region) -> Result<(), String> + Send>,
+) {
     static TAKEN: AtomicU64 = AtomicU64::new(0);
     extern "C" fn on_signal(_: libc::c_int) {
         TAKEN.fetch_add(1, Ordering::Relaxed);
     }
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(4 * MIB));
     cfg.fault_route = zmem_region::FaultRoute::Handler;
     let Some(r) = region_with(cfg) else {
@@ -607,13 +627,25 @@ fn a_signal_whose_frame_faults_while_populate_holds_the_lock() {
         sa.sa_flags = libc::SA_ONSTACK;
         assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
     }
-    r.delay_populate_for_tests(Duration::from_millis(300));
+    // The stack's pages written, then pushed out of DRAM by twice the budget of others.
+    let pages = r.len() / PAGE;
+    for i in 0..16 {
+        fill(page_mut(&r, i), i, 1);
+    }
+    for i in 16..pages.min(16 + 2 * (4 * MIB as usize) / PAGE) {
+        fill(page_mut(&r, i), i, 1);
+    }
+    let t = Instant::now();
+    while r.stats().staged > 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let call = make(&r);
+    let taken_before = TAKEN.load(Ordering::Relaxed);
     // Not dropped if the thread hangs: dropping would wait for it too.
     let r: &'static Region = Box::leak(Box::new(r));
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        // The region's first 64 KiB, never touched: a signal frame there is a fault.
         let on = libc::stack_t {
             ss_sp: r.as_ptr().cast(),
             ss_flags: 0,
@@ -636,20 +668,22 @@ fn a_signal_whose_frame_faults_while_populate_holds_the_lock() {
         assert_eq!(set(&on), 0);
         // SAFETY: pthread_self cannot fail.
         let _ = tid_tx.send(unsafe { libc::pthread_self() });
-        let mapped = r.populate(r.len() / 2, 64 * PAGE);
+        let result = call(r);
         set(&off);
-        let _ = done_tx.send(mapped.map_err(|e| e.to_string()));
+        let _ = done_tx.send(result);
     });
     let thread = tid_rx.recv().unwrap();
-    // Inside populate's wait by now (it holds the lock for 300 ms).
+    // Inside the call's wait by now (300 ms).
     std::thread::sleep(Duration::from_millis(100));
     // SAFETY: the thread lives until it reports below.
     assert_eq!(unsafe { libc::pthread_kill(thread, sig) }, 0);
     match done_rx.recv_timeout(Duration::from_secs(20)) {
-        Ok(mapped) => assert!(mapped.is_ok(), "{mapped:?}"),
-        Err(_) => panic!("populate's thread hangs: its signal frame waits for the handler, which waits for the lock"),
+        Ok(result) => assert!(result.is_ok(), "{result:?}"),
+        Err(_) => {
+            panic!("the thread hangs: its signal frame waits for the handler, which waits for it")
+        }
     }
-    assert_eq!(TAKEN.load(Ordering::Relaxed), 1);
+    assert_eq!(TAKEN.load(Ordering::Relaxed), taken_before + 1);
     r.delay_populate_for_tests(Duration::ZERO);
     // SAFETY: leaked above; the thread that used it has ended.
     drop(unsafe { Box::from_raw(r as *const Region as *mut Region) });
