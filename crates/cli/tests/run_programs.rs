@@ -1444,6 +1444,20 @@ fn a_go_like_program_with_its_signal_stacks_in_the_heap() {
             "ok ",
         );
     }
+    // Exec'd by a shell that started zmem on the signal route: the guard's filter is inherited
+    // and stays in force, and the program still takes the handler route (its region is then
+    // not where the filter looks).
+    let line = format!("{}; true", prog.display());
+    ok_at_4m_with(
+        &["--start-at", "0"],
+        "signal",
+        Path::new("/bin/sh"),
+        &["-c".as_ref(), line.as_ref()],
+        dir.path(),
+        "go_like under a guarded shell",
+        Duration::from_secs(120),
+        "ok ",
+    );
 }
 
 /// errno stays the program's (tests/c/errno_kept.c): a fault served on the program's thread, a

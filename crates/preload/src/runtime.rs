@@ -222,10 +222,7 @@ fn init() -> Result<(), InitError> {
         .ok()
         .and_then(|v| u64::from_str_radix(&v, 16).ok());
     rc.fault_route = config.fault_route;
-    if rc.fault_route == zmem_region::FaultRoute::Signal
-        && rc.guard_inherited.is_none()
-        && is_go_with_cgo()
-    {
+    if rc.fault_route == zmem_region::FaultRoute::Signal && is_go_with_cgo() {
         tracing::debug!(
             "a Go program (cgo): its signal stacks are in its heap, so the handler route"
         );
@@ -318,9 +315,9 @@ fn init() -> Result<(), InitError> {
 /// fault's SIGBUS frame then goes to an evicted stack, which the kernel cannot write: the
 /// program is killed (session 44: a cgo program with four goroutines at `--resident 8M`, 5 of
 /// 10 runs; tests/c/go_like.c). Such a program gets the handler route, where the kernel waits
-/// for the page, unless a filter inherited from its parent already guards the region's range
-/// (the handler route would have its system calls trapped). A static Go binary is refused by
-/// `zmem run`.
+/// for the page. A guard filter inherited from a parent on the signal route stays in force but
+/// traps nothing of it: the handler route's region is not at the guarded base. A static Go
+/// binary is refused by `zmem run`.
 fn is_go_with_cgo() -> bool {
     [c"_cgo_topofstack", c"x_cgo_init"].iter().any(|name| {
         // SAFETY: a lookup by name in the global scope; nothing is called.

@@ -1,0 +1,2 @@
+module cgo2
+go 1.19
