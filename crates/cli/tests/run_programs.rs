@@ -2961,8 +2961,9 @@ fn forks_while_the_heap_reaches_new_ranges() {
             "--resident",
             "16M",
             // 100 blocks of 512 MiB in the parent and one in a child: each takes 544 MiB of
-            // the region, so 64G left about one block spare, and a child got NULL in 9 of 200
-            // runs ("A full heap", docs/DESIGN-NOTES.md).
+            // the region, a 64G one holds 103, and four threads racing for chunks can leave
+            // gaps: a child got NULL in 9 of 200 runs there (docs/DESIGN-NOTES.md, "a forked
+            // child's 512 MiB malloc returned NULL").
             "--size",
             "128G",
             "--quiet",
