@@ -124,7 +124,9 @@ pub struct RunArgs {
     /// back the buffers of system calls into the heap before they run; forked children ask the
     /// program's handler thread: see README, "The signal route"). auto (the default): signal
     /// when zmem runs with CAP_SYS_ADMIN (root), where the filter needs no promise to give up
-    /// set-user-ID execs; handler otherwise.
+    /// set-user-ID execs; handler otherwise. A Go program linked with cgo (or any process that
+    /// exports cgo's entry points) takes the handler route whatever this says: its runtime puts
+    /// its signal stacks in its own heap.
     #[arg(long, value_enum, default_value = "auto")]
     pub fault_route: FaultRouteArg,
     /// Which pages faulted back keep their compressed copy, so that evicted again unchanged
