@@ -319,10 +319,15 @@ fn init() -> Result<(), InitError> {
 /// traps nothing of it: the handler route's region is not at the guarded base. A static Go
 /// binary is refused by `zmem run`.
 fn is_go_with_cgo() -> bool {
-    [c"_cgo_topofstack", c"x_cgo_init"].iter().any(|name| {
+    let found = [c"_cgo_topofstack", c"x_cgo_init"].iter().any(|name| {
         // SAFETY: a lookup by name in the global scope; nothing is called.
         !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()
-    })
+    });
+    // A failed lookup leaves "undefined symbol" for this thread's next dlerror(), which the
+    // program would read as its own: taken away here.
+    // SAFETY: dlerror only reads and clears this thread's error state.
+    unsafe { libc::dlerror() };
+    found
 }
 
 /// One line on stderr for a process started under a tracer (a debugger's `run`, `strace`) on
