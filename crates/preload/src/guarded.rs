@@ -376,6 +376,11 @@ pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::s
     };
     if r == 0 && !ss.is_null() {
         let s = &*ss;
+        if s.ss_flags & libc::SS_DISABLE == 0 && crate::runtime::in_region(s.ss_sp as usize) {
+            // Signal frames may land in the region from now on (a Rust program's
+            // stack-overflow stacks come from its mmap, the map space).
+            zmem_os::thread::set_signal_frames_may_fault();
+        }
         guard::alternate_stack(
             s.ss_sp as usize,
             s.ss_size,

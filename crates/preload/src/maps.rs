@@ -117,10 +117,13 @@ fn fail<T>(e: c_int, value: T) -> T {
 /// The asynchronous signals wait meanwhile: this code takes locks the fault handler needs too
 /// (the region's, the internal heap's), and a cgo Go program's signal stacks are in the map
 /// space, so a signal frame written there while such a lock is held would wait for a handler
-/// that waits for the lock (`zmem_os::thread::AsyncSignalsBlocked`). Two `rt_sigprocmask`
-/// calls beside the mapping's own system calls.
+/// that waits for the lock (`zmem_os::thread::AsyncSignalsBlocked`): two `rt_sigprocmask`
+/// calls beside the mapping's own system calls, where such frames may land in the region.
 fn as_zmem<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
-    let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
+    let _signals = crate::runtime::runtime().and_then(|rt| {
+        let base = rt.region.as_ptr() as usize;
+        zmem_os::thread::block_signals_where_frames_may_fault(base, base + rt.region.len())
+    });
     let was = heap::set_internal(true);
     let r = std::panic::catch_unwind(AssertUnwindSafe(f));
     heap::set_internal(was);

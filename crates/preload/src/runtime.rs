@@ -222,11 +222,16 @@ fn init() -> Result<(), InitError> {
         .ok()
         .and_then(|v| u64::from_str_radix(&v, 16).ok());
     rc.fault_route = config.fault_route;
-    if rc.fault_route == zmem_region::FaultRoute::Signal && is_go_with_cgo() {
-        tracing::debug!(
-            "a Go program (cgo): its signal stacks are in its heap, so the handler route"
-        );
-        rc.fault_route = zmem_region::FaultRoute::Handler;
+    if is_go_with_cgo() {
+        // Its signal stacks are in its heap: zmem code that holds a lock the handler needs
+        // blocks signals meanwhile (zmem_os::thread::block_signals_where_frames_may_fault).
+        zmem_os::thread::set_signal_frames_may_fault();
+        if rc.fault_route == zmem_region::FaultRoute::Signal {
+            tracing::debug!(
+                "a Go program (cgo): its signal stacks are in its heap, so the handler route"
+            );
+            rc.fault_route = zmem_region::FaultRoute::Handler;
+        }
     }
     // A whole program on the signal route needs its system calls guarded (see zmem_region's
     // `guard` module).
@@ -357,6 +362,15 @@ fn say_if_traced() {
             unsafe { libc::getpid() }
         );
     }
+}
+
+/// Whether `addr` is in zmem's region (the program heap or the map space); false before zmem
+/// starts.
+pub fn in_region(addr: usize) -> bool {
+    runtime().is_some_and(|rt| {
+        let base = rt.region.as_ptr() as usize;
+        (base..base + rt.region.len()).contains(&addr)
+    })
 }
 
 /// This process's statistics.

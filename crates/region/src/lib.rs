@@ -442,7 +442,7 @@ impl Region {
         let page = PAGE as u64;
         let (resident, pinned_mapped, pinned_ranges, held, incompressible, clean_copies, evictable) = {
             // Also asked on a program thread (the report at exit): see `AsyncSignalsBlocked`.
-            let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
+            let _signals = sh.root.block_signals_for_lock();
             let inner = sh.root.inner.lock();
             let evictable = inner
                 .tracker
@@ -647,7 +647,7 @@ impl Region {
             return Ok(());
         }
         let sh = self.shared();
-        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
+        let _signals = sh.root.block_signals_for_lock();
         let mut inner = sh.root.inner.lock();
         // Pages of the range already resident leave the budget's count for the pinned one.
         for p in first..last {
@@ -796,7 +796,7 @@ impl Region {
         if !self.in_creator() {
             return Ok(0);
         }
-        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
+        let _signals = self.shared().root.block_signals_for_lock();
         let mut inner = self.shared().root.inner.lock();
         if inner.held.is_empty() {
             return Ok(0);
@@ -826,7 +826,7 @@ impl Region {
         let mut done = 0;
         // Called on program threads (an allocator's commit): no signal frame may fault while
         // the lock is held (`AsyncSignalsBlocked`).
-        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
+        let _signals = s.block_signals_for_lock();
         let mut inner = s.inner.lock();
         let delay = sh.populate_delay_us.load(Relaxed);
         if delay > 0 {

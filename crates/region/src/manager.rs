@@ -384,6 +384,16 @@ impl Space {
     pub fn page_addr(&self, idx: usize) -> usize {
         self.base + idx * PAGE
     }
+
+    /// For zmem code on a program thread about to take this space's lock: the asynchronous
+    /// signals blocked where a signal frame could land in this space, which the handler (who
+    /// needs the lock) would have to serve (`zmem_os::thread::AsyncSignalsBlocked`).
+    pub fn block_signals_for_lock(&self) -> Option<zmem_os::thread::AsyncSignalsBlocked> {
+        zmem_os::thread::block_signals_where_frames_may_fault(
+            self.base,
+            self.base + self.pages * PAGE,
+        )
+    }
     pub fn index_of(&self, addr: usize) -> Option<usize> {
         if addr >= self.base && addr < self.base + self.pages * PAGE {
             Some((addr - self.base) / PAGE)

@@ -52,7 +52,7 @@ impl Shared {
     /// other thread uses either range meanwhile.
     pub(crate) fn move_pages(&self, dst: usize, src: usize, pages: usize) -> Remapped {
         // On a program thread (realloc, mremap): see `AsyncSignalsBlocked`.
-        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
+        let _signals = self.root.block_signals_for_lock();
         let s = &self.root;
         let mut out = Remapped::default();
         self.drop_mapped(dst, pages);

@@ -69,7 +69,7 @@ impl Shared {
     /// written with zeros if `write_others` (else left alone too).
     fn clear_pages(&self, first: usize, pages: usize, write_others: bool) -> Zeroed {
         // On a program thread (free, calloc): see `AsyncSignalsBlocked`.
-        let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
+        let _signals = self.root.block_signals_for_lock();
         let s = &self.root;
         let mut out = Zeroed::default();
         let mut write = Vec::with_capacity(CHUNK);

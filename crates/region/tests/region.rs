@@ -614,6 +614,9 @@ fn signal_while_zmem_code_runs(
     }
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // What the preload says for a process whose alternate stacks are in the region (a cgo Go
+    // program, or a libc `sigaltstack` there): zmem's code then blocks signals around the lock.
+    zmem_os::thread::set_signal_frames_may_fault();
     let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(4 * MIB));
     cfg.fault_route = zmem_region::FaultRoute::Handler;
     let Some(r) = region_with(cfg) else {
