@@ -323,16 +323,15 @@ fn init() -> Result<(), InitError> {
 /// for the page. A guard filter inherited from a parent on the signal route stays in force but
 /// traps nothing of it: the handler route's region is not at the guarded base. A static Go
 /// binary is refused by `zmem run`.
+///
+/// No `dlerror()` after the failed lookups: it formats its message through gettext, which takes
+/// the locale lock, and zmem may start inside the program's `newlocale` (CI: the locale test
+/// hung so). zmem's later lookups at start reset the thread's error state.
 fn is_go_with_cgo() -> bool {
-    let found = [c"_cgo_topofstack", c"x_cgo_init"].iter().any(|name| {
+    [c"_cgo_topofstack", c"x_cgo_init"].iter().any(|name| {
         // SAFETY: a lookup by name in the global scope; nothing is called.
         !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()
-    });
-    // A failed lookup leaves "undefined symbol" for this thread's next dlerror(), which the
-    // program would read as its own: taken away here.
-    // SAFETY: dlerror only reads and clears this thread's error state.
-    unsafe { libc::dlerror() };
-    found
+    })
 }
 
 /// One line on stderr for a process started under a tracer (a debugger's `run`, `strace`) on

@@ -192,8 +192,14 @@ impl Shared {
         let slots = self.staging + STAGING_SLOTS * PAGE;
         let owed = self.stored_at_fork.load(Relaxed);
         let raw = std::os::fd::IntoRawFd::into_raw_fd(b);
+        // Received here, before fork() returns in the child, not on the thread: SCM_RIGHTS
+        // puts the descriptor at the lowest free number until it is moved high, and the
+        // program, already running beside that thread, saw a userfaultfd at its descriptor 3
+        // (tests/c/low_fds.c, 2 of 12 runs once the start had grown a little slower). The
+        // parent sends it while it serves the FORK event, which its own fork() waits for.
+        let received = fds::recv_fd(raw).map(fds::move_high);
         let spawned = zmem_os::thread::spawn_in_forked_child("zmem-child".into(), move || {
-            child_thread(raw, slots, owed)
+            child_thread(raw, received, slots, owed)
         });
         if spawned.is_err() {
             // The parent's requests then find the link closed: no eviction here.
@@ -569,13 +575,18 @@ fn retry_busy(op: impl Fn() -> Result<(), Errno>) -> Result<(), Errno> {
     }
 }
 
-/// The thread a forked child runs for its parent's region: receives the child's userfaultfd,
-/// then moves pages into its staging pages on request. Touches no program memory; ends when
+/// The thread a forked child runs for its parent's region: takes the child's userfaultfd (as
+/// received by the fork's child hook), then moves pages into its staging pages on request. Touches no program memory; ends when
 /// the parent closes the link (the parent handed everything over, or the child was not
 /// linked), or stops the child when the parent vanished holding some of its pages.
 /// `owed`: the parent's store held pages when it forked (some may be ours).
-fn child_thread(fd: RawFd, slots: usize, owed: bool) {
-    let Ok(uffd) = fds::recv_fd(fd) else {
+fn child_thread(
+    fd: RawFd,
+    received: Result<std::os::fd::OwnedFd, Errno>,
+    slots: usize,
+    owed: bool,
+) {
+    let Ok(uffd) = received else {
         // The parent vanished before serving this fork.
         close_raw(fd);
         if owed {
