@@ -2884,11 +2884,7 @@ fn the_heap_grows_past_its_first_arena() {
             assert!(said.is_empty(), "{tag}: {said:?}");
         }
         // zmem says once why: a block larger than any arena.
-        let refused: Vec<&str> = out
-            .stderr
-            .lines()
-            .filter(|l| l.contains("is refused"))
-            .collect();
+        let refused = refusals(&out.stderr);
         assert!(
             refused.len() == 1
                 && refused[0].contains("107374182400")
@@ -2896,6 +2892,14 @@ fn the_heap_grows_past_its_first_arena() {
             "{tag}: {refused:?}"
         );
     }
+}
+
+/// The lines of `stderr` where zmem says why it refused a heap block (`heap::say_heap_refused`).
+fn refusals(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("is refused"))
+        .collect()
 }
 
 /// The heap is a region of fixed address space: a program that fills it (blocks of 256 MiB in
@@ -2926,11 +2930,7 @@ fn a_full_heap_refuses_with_enomem_and_says_why() {
         "heap_full printed {:?}",
         out.stdout
     );
-    let refused: Vec<&str> = out
-        .stderr
-        .lines()
-        .filter(|l| l.contains("is refused"))
-        .collect();
+    let refused = refusals(&out.stderr);
     assert!(
         refused.len() == 1 && refused[0].contains("no room left") && refused[0].contains("--size"),
         "{refused:?}"

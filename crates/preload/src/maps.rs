@@ -120,10 +120,8 @@ fn fail<T>(e: c_int, value: T) -> T {
 /// that waits for the lock (`zmem_os::thread::AsyncSignalsBlocked`): two `rt_sigprocmask`
 /// calls beside the mapping's own system calls, where such frames may land in the region.
 fn as_zmem<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
-    let _signals = crate::runtime::runtime().and_then(|rt| {
-        let base = rt.region.as_ptr() as usize;
-        zmem_os::thread::block_signals_where_frames_may_fault(base, base + rt.region.len())
-    });
+    let _signals = crate::runtime::region_span()
+        .and_then(|(start, end)| zmem_os::thread::block_signals_where_frames_may_fault(start, end));
     let was = heap::set_internal(true);
     let r = std::panic::catch_unwind(AssertUnwindSafe(f));
     heap::set_internal(was);

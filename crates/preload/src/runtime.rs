@@ -363,13 +363,18 @@ fn say_if_traced() {
     }
 }
 
-/// Whether `addr` is in zmem's region (the program heap or the map space); false before zmem
+/// zmem's region (the program heap and the map space) as `[start, end)`; None before zmem
 /// starts.
-pub fn in_region(addr: usize) -> bool {
-    runtime().is_some_and(|rt| {
+pub fn region_span() -> Option<(usize, usize)> {
+    runtime().map(|rt| {
         let base = rt.region.as_ptr() as usize;
-        (base..base + rt.region.len()).contains(&addr)
+        (base, base + rt.region.len())
     })
+}
+
+/// Whether `addr` is in zmem's region ([`region_span`]).
+pub fn in_region(addr: usize) -> bool {
+    region_span().is_some_and(|(start, end)| (start..end).contains(&addr))
 }
 
 /// This process's statistics.

@@ -576,9 +576,10 @@ fn retry_busy(op: impl Fn() -> Result<(), Errno>) -> Result<(), Errno> {
 }
 
 /// The thread a forked child runs for its parent's region: takes the child's userfaultfd (as
-/// received by the fork's child hook), then moves pages into its staging pages on request. Touches no program memory; ends when
-/// the parent closes the link (the parent handed everything over, or the child was not
-/// linked), or stops the child when the parent vanished holding some of its pages.
+/// received by the fork's child hook), then moves pages into its staging pages on request.
+/// Touches no program memory; ends when the parent closes the link (the parent handed
+/// everything over, or the child was not linked), or stops the child when the parent vanished
+/// holding some of its pages.
 /// `owed`: the parent's store held pages when it forked (some may be ours).
 fn child_thread(
     fd: RawFd,

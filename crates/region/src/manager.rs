@@ -394,6 +394,7 @@ impl Space {
             self.base + self.pages * PAGE,
         )
     }
+
     pub fn index_of(&self, addr: usize) -> Option<usize> {
         if addr >= self.base && addr < self.base + self.pages * PAGE {
             Some((addr - self.base) / PAGE)
