@@ -893,9 +893,14 @@ impl Shared {
             }
             if self.forking.load(Acquire) {
                 self.park_for_fork();
+                // Woken by `fork_gate_open` (looking every 200 µs woke this thread, and with it
+                // the TLB-flush IPIs of the forking thread's copy-on-write faults, several
+                // times a fork).
+                let mut g = self.park_lock.lock();
                 while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
-                    std::thread::sleep(Duration::from_micros(200));
+                    self.park_wake.wait_for(&mut g, Duration::from_millis(1));
                 }
+                drop(g);
                 self.parked.fetch_sub(1, AcqRel);
                 continue;
             }

@@ -177,13 +177,14 @@ impl Shared {
         self.park_for_fork();
         // The gate's eventfd stays readable until the forking thread drains it after everyone
         // parked: polled here, it made this loop spin, and the forking thread, woken on the
-        // same CPU, waited a whole time slice (4 ms per fork). Nothing tells the handler when
-        // the gate reopens, so it looks every 100 µs. (The handler loop rebuilds `fds` at its
-        // next pass, gate included.)
-        fds[POLL_GATE].events = 0;
+        // same CPU, waited a whole time slice (4 ms per fork). The gate's reopening is told by
+        // `reopen_fd` instead (drained before the gate closed), so the handler leaves as soon as
+        // the parent hook opens it; the nap is only a fallback. (The handler loop rebuilds `fds`
+        // at its next pass, gate included.)
+        fds[POLL_GATE].fd = self.reopen_fd;
         let nap = libc::timespec {
             tv_sec: 0,
-            tv_nsec: 100_000,
+            tv_nsec: 1_000_000,
         };
         while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
             for f in fds.iter_mut() {
@@ -312,6 +313,10 @@ impl Shared {
 
     /// pthread_atfork prepare: park every handler and the evictor (bounded wait).
     pub fn fork_gate_close(&self) {
+        let mut v = 0u64;
+        // SAFETY: draining our eventfd (non-blocking): it says the gate is open from the last
+        // `fork_gate_open` until here, and must not wake `fork_mode` during this fork.
+        unsafe { libc::read(self.reopen_fd, (&mut v as *mut u64).cast(), 8) };
         // SAFETY: gettid has no preconditions.
         self.forking_tid.store(unsafe { libc::gettid() }, Relaxed);
         self.forking.store(true, Release);
@@ -359,11 +364,18 @@ impl Shared {
         }
         close(self.stop_fd);
         close(self.gate_fd);
+        close(self.reopen_fd);
     }
 
     /// pthread_atfork parent: let them go.
     pub fn fork_gate_open(&self) {
         self.forking.store(false, Release);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our eventfd: handlers in `fork_mode` leave at once.
+        unsafe { libc::write(self.reopen_fd, (&one as *const u64).cast(), 8) };
+        // The evictor waits here (and the parent hook, for its fork to be served).
+        let _g = self.park_lock.lock();
+        self.park_wake.notify_all();
     }
 
     /// snapshot of this space's store, so each process's later writes stay its own.

@@ -189,6 +189,14 @@ impl Region {
                 return Err(e);
             }
         };
+        let reopen_fd = match eventfd() {
+            Ok(fd) => fd,
+            Err(e) => {
+                child::close_raw(stop_fd);
+                child::close_raw(gate_fd);
+                return Err(e);
+            }
+        };
         // From registration until the threads run and the region is listed, no fork (see
         // fork::REGISTRY). Released before `region_obj` could be dropped on an error below:
         // dropping takes the lock too.
@@ -210,6 +218,7 @@ impl Region {
             drop(registry);
             child::close_raw(stop_fd);
             child::close_raw(gate_fd);
+            child::close_raw(reopen_fd);
             return Err(e);
         }
         // The creator's store hands pages down to forked children that inherit them
@@ -312,6 +321,7 @@ impl Region {
             park_wake: parking_lot::Condvar::new(),
             workers: cfg.handler_threads + 1,
             gate_fd,
+            reopen_fd,
             spin: if zmem_os::thread::cpus_available() > 1 {
                 Duration::from_micros(cfg.handler_spin_us.into())
             } else {
@@ -962,6 +972,7 @@ impl Drop for Region {
         fork::drain_events_in_flight(&shared.root.uffd, self.staging, &shared.zero_page);
         child::close_raw(shared.stop_fd);
         child::close_raw(shared.gate_fd);
+        child::close_raw(shared.reopen_fd);
         // Closing the descriptors (last reference) releases what is left registered.
         drop(shared);
         drop(registry);

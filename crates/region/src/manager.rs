@@ -585,6 +585,9 @@ pub(crate) struct Shared {
     pub park_wake: parking_lot::Condvar,
     pub workers: usize,
     pub gate_fd: i32,
+    /// Readable once the fork gate reopens (written by `fork_gate_open`, drained when the gate
+    /// next closes): a handler in `fork_mode` polls it to leave at once.
+    pub reopen_fd: i32,
     /// How long a handler polls without sleeping while faults come fast (see
     /// `RegionConfig::handler_spin_us`); zero where the process has one CPU.
     pub spin: Duration,
@@ -744,7 +747,7 @@ impl Shared {
             if self.forking.load(Acquire) {
                 // Asks wait for the fork (like faults); their links must not wake the poll.
                 for f in &mut fds[first_link..] {
-                    f.events = 0;
+                    f.fd = -1;
                 }
                 self.fork_mode(
                     &spaces,
@@ -761,6 +764,9 @@ impl Shared {
                     self.forks_unserved
                         .fetch_sub(1, std::sync::atomic::Ordering::Release);
                 }
+                // The parent hook waits for its fork to be served (`wait_fork_served`).
+                drop(self.park_lock.lock());
+                self.park_wake.notify_all();
                 // After the snapshots (the child's copy was taken before the program's
                 // madvise could zap it) and before any fault is served.
                 self.apply_deferred_range_events(&mut deferred);
