@@ -142,14 +142,24 @@ impl StateTable {
         self.touched
             .iter()
             .enumerate()
-            .flat_map(|(w, &bits)| {
-                (0..64)
-                    .filter(move |b| bits & (1 << b) != 0)
-                    .map(move |b| w * 64 + b)
-            })
+            .filter(|&(_, &bits)| bits != 0)
+            .flat_map(|(w, &bits)| set_bits(bits).map(move |b| w * 64 + b))
             .flat_map(move |c| c * CHUNK..((c + 1) * CHUNK).min(pages))
             .map(|i| (i, self.get(i)))
     }
+}
+
+/// The positions of the bits set in `bits`, lowest first. A region's touched map is mostly zero
+/// words (1,500 of them for a heap of 94 GiB and its map space): testing each of their 64 bits
+/// one by one took ~100 µs of every fork's snapshot.
+fn set_bits(mut bits: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (bits != 0).then(|| {
+            let b = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            b
+        })
+    })
 }
 
 #[cfg(test)]
@@ -175,5 +185,16 @@ mod tests {
         assert_eq!(t.iter_touched().count(), 3 * CHUNK + 7);
         t.set(5, Absent); // a page going back to Absent keeps its chunk walked: harmless
         assert_eq!(t.iter_touched().count(), 3 * CHUNK + 7);
+    }
+
+    #[test]
+    fn set_bits_lists_each_bit_once_lowest_first() {
+        assert_eq!(set_bits(0).count(), 0);
+        assert_eq!(set_bits(1 << 63).collect::<Vec<_>>(), vec![63]);
+        assert_eq!(set_bits(0b1010_0001).collect::<Vec<_>>(), vec![0, 5, 7]);
+        assert_eq!(
+            set_bits(u64::MAX).collect::<Vec<_>>(),
+            (0..64).collect::<Vec<_>>()
+        );
     }
 }
