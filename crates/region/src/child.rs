@@ -153,6 +153,7 @@ impl Shared {
     pub(crate) fn open_child_link(&self) {
         let stored = self.root.store.stats().orig_data_size > 0;
         self.stored_at_fork.store(stored, Relaxed);
+        self.child_uffd_sent.store(false, Relaxed);
         new_pair(&self.fork_link);
         if self.signal_route {
             new_pair(&self.fault_link);
@@ -225,7 +226,8 @@ impl Shared {
             pages: [0; CHILD_SLOTS],
         };
         holds.pages[0] = stored as u64;
-        if fds::send_fd(a.as_raw_fd(), child_uffd.raw()).is_err()
+        let sent = self.child_uffd_sent.swap(false, Relaxed);
+        if (!sent && fds::send_fd(a.as_raw_fd(), child_uffd.raw()).is_err())
             || !send_msg(a.as_raw_fd(), &holds)
         {
             close_protected(a);

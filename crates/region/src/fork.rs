@@ -233,6 +233,9 @@ impl Shared {
                         if m.event == uffd::EVENT_FORK {
                             // Counted until served (hand_off_children waits for it).
                             self.forks_unserved.fetch_add(1, AcqRel);
+                            if s.is_root {
+                                self.send_child_uffd_now(m.arg0 as u32 as i32);
+                            }
                             forks.push((s.clone(), m.arg0 as u32 as i32));
                         } else {
                             if m.event == uffd::EVENT_PAGEFAULT
@@ -289,6 +292,18 @@ impl Shared {
             Absent | Resident => s.uffd.copy(at, self.zero_page.as_ptr(), PAGE),
             Faulting | Poisoned | Unmapped => return,
         };
+    }
+
+    /// The forked child's hook waits for its userfaultfd (`child_side_of_link`): sent as soon
+    /// as its FORK event is read, so the child runs while the snapshot is taken instead of
+    /// after (`link_child` sends the rest). Allocates nothing: a sendmsg from the stack.
+    fn send_child_uffd_now(&self, fd: i32) {
+        let link = self.fork_link.lock();
+        if let Some(a) = link.0.as_ref() {
+            if zmem_os::fds::send_fd(std::os::fd::AsRawFd::as_raw_fd(a), fd).is_ok() {
+                self.child_uffd_sent.store(true, Relaxed);
+            }
+        }
     }
 
     /// A thread of the region stops for a fork: counted, and the forking thread (waiting in

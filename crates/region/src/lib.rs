@@ -264,6 +264,7 @@ impl Region {
             root: Arc::new(root),
             children: Mutex::new(Vec::new()),
             fork_link: Mutex::new((None, None)),
+            child_uffd_sent: AtomicBool::new(false),
             fault_link: Mutex::new((None, None)),
             signal_route: cfg.fault_route == FaultRoute::Signal,
             raw_link: std::sync::OnceLock::new(),

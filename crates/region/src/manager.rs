@@ -469,6 +469,9 @@ pub(crate) struct Shared {
     /// Made by the fork prepare hook: the parent's and the child's ends of the link to the
     /// forked child's thread (`child`).
     pub fork_link: Mutex<(Option<std::os::fd::OwnedFd>, Option<std::os::fd::OwnedFd>)>,
+    /// The forked child's userfaultfd went over `fork_link` as its FORK event was read (see
+    /// `fork_mode`), so `link_child` does not send it again.
+    pub child_uffd_sent: AtomicBool,
     /// The same for the link a child asks for its faults on (signal route only, `forked`).
     pub fault_link: Mutex<(Option<std::os::fd::OwnedFd>, Option<std::os::fd::OwnedFd>)>,
     /// `FaultRoute::Signal`: a forked child's faults come as asks over a link, not messages.
