@@ -22,7 +22,7 @@ pub(crate) const OOM_STREAK: u64 = 500;
 impl Shared {
     /// Whether the calling thread is the one forking now: until its fork is done its faults are
     /// served whatever waits (it holds the fork, and everything waits for the fork).
-    fn is_forking_thread(&self) -> bool {
+    pub(crate) fn is_forking_thread(&self) -> bool {
         // SAFETY: gettid has no preconditions.
         self.forking.load(Acquire) && self.forking_tid.load(Relaxed) == unsafe { libc::gettid() }
     }
@@ -66,6 +66,28 @@ impl Shared {
             // program dropped and writes again (see `range_events_deferred`).
             return Served::Retry;
         }
+        if s.is_root && self.fork_snapshot_pending() {
+            if !self.is_forking_thread() {
+                return Served::Retry; // mapped now, the page would be missing from the child
+            }
+            if crate::signal::serving_a_fault() {
+                // The forking thread itself, between its fork's page-table copy and the gate's
+                // reopening (signal route): it cannot wait for the snapshot, which waits for
+                // it. Mapped as on the handler route (`map_for_forking_thread`): the state
+                // stays what it was, so the snapshot gives the child the page's content, and
+                // the bookkeeping follows the snapshot (`forker_mapped`).
+                if buf.len() < PAGE {
+                    buf.resize(PAGE, 0);
+                }
+                if let Some(Stored | Absent) = self.map_for_forking_thread(s, addr, buf) {
+                    let mut mapped = self.forker_mapped.lock();
+                    if mapped.len() < mapped.capacity() {
+                        mapped.push(idx as u32);
+                    }
+                }
+                return Served::Done;
+            }
+        }
         if s.is_root {
             let t0 = Instant::now();
             self.make_room(1);
@@ -98,6 +120,9 @@ impl Shared {
             // A child's page being moved out (`child`): the batch wakes its waiters.
             Staged if !s.is_root => return Served::Done,
             Staged => {
+                if s.is_root && self.fork_snapshot_pending() && !self.is_forking_thread() {
+                    return Served::Retry; // checked again under the lock: see the top
+                }
                 let slot = inner.staged[&(idx as u32)];
                 // The slot page is present (moved there) and stays until the state changes,
                 // which needs this lock.
@@ -379,6 +404,12 @@ impl Shared {
         }
         let mut over_share = false;
         crate::manager::test_pause(&self.mapped_delay_us);
+        if s.is_root && crate::signal::serving_a_fault() {
+            // A fork may have copied the page tables since this fault began (before the copy its
+            // pages were Faulting, with their store entries): they stay so until the snapshot,
+            // which gives the child their content (see `fork_snapshot_pending`).
+            self.wait_for_fork_snapshot();
+        }
         let mut inner = s.inner.lock();
         for (k, &kind) in kinds.iter().enumerate() {
             let i = lo + k;

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{
     AtomicBool,
-    Ordering::{AcqRel, Acquire, Relaxed, Release},
+    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use zmem_os::SpinLock;
 
 use crate::config::PAGE;
 use crate::error::RegionError;
-use crate::manager::{Shared, Space, SpaceInner, POLL_GATE, POLL_SPACES};
+use crate::manager::{Shared, Space, SpaceInner, FORKER_MAPPED, POLL_GATE, POLL_SPACES};
 use crate::state::PageState::*;
 use crate::state::StateTable;
 use crate::uffd::{self, Msg, Uffd};
@@ -218,6 +218,8 @@ impl Shared {
                     // hands its event over, before this thread has looked at it (a fault of
                     // the writing thread served in that gap lost a page in the test).
                     self.range_events_deferred.fetch_add(1, AcqRel);
+                    // And a FORK event is pending from before its read (`fork_snapshot_pending`).
+                    self.fork_reading.fetch_add(1, SeqCst);
                     let n = s.uffd.read_msgs(msgs).unwrap_or(0);
                     let ranges = msgs[..n]
                         .iter()
@@ -242,11 +244,12 @@ impl Shared {
                                 && s.is_root
                                 && m.arg2 as u32 as i32 == forker
                             {
-                                self.map_for_forking_thread(s, m.arg1 as usize, buf);
+                                let _ = self.map_for_forking_thread(s, m.arg1 as usize, buf);
                             }
                             deferred.push((s.clone(), *m));
                         }
                     }
+                    self.fork_reading.fetch_sub(1, SeqCst);
                     if n < msgs.len() {
                         break;
                     }
@@ -267,31 +270,61 @@ impl Shared {
     /// the kernel copied the page tables before we mapped the page (the child has it and never
     /// faults on it) or after (the child faults and reads what the page held at the fork).
     /// Nothing is allocated or logged here but what a store read needs; any failure is left to
-    /// the normal path after the fork.
-    fn map_for_forking_thread(&self, s: &Space, addr: usize, buf: &mut [u8]) {
-        let Some(idx) = s.index_of(addr) else {
-            return;
-        };
+    /// the normal path after the fork. Returns the page's state if it was mapped.
+    pub(crate) fn map_for_forking_thread(
+        &self,
+        s: &Space,
+        addr: usize,
+        buf: &mut [u8],
+    ) -> Option<crate::state::PageState> {
+        let idx = s.index_of(addr)?;
         // Every other thread of the region is parked, none holding this lock; the wait only
         // guards against one that did not park in time.
-        let Some(inner) = s.inner.try_lock_for(Duration::from_millis(100)) else {
-            return;
-        };
+        let inner = s.inner.try_lock_for(Duration::from_millis(100))?;
         let at = s.page_addr(idx);
-        let _ = match inner.state.get(idx) {
+        let st = inner.state.get(idx);
+        let mapped = match st {
             Stored => match s.store.read(idx as u64, &mut buf[..PAGE]) {
                 Ok(()) => s.uffd.copy(at, buf.as_ptr(), PAGE),
-                Err(_) => return,
+                Err(_) => return None,
             },
             Staged => match inner.staged.get(&(idx as u32)) {
                 // The slot holds the page until the state changes, which needs this lock.
                 Some(&slot) => s.uffd.copy(at, slot as *const u8, PAGE),
-                None => return,
+                None => return None,
             },
             // Never touched, or dropped behind our back: zeros, as anonymous memory reads.
             Absent | Resident => s.uffd.copy(at, self.zero_page.as_ptr(), PAGE),
-            Faulting | Poisoned | Unmapped => return,
+            Faulting | Poisoned | Unmapped => return None,
         };
+        mapped.ok().map(|()| st)
+    }
+
+    /// After a fork's snapshot: the pages its forking thread mapped for itself on the signal
+    /// route (`serve_fault`) become Resident, as the fault would have made them, unless an event
+    /// or a later fault changed them since.
+    pub(crate) fn account_forker_mapped(&self) {
+        let mut list = [0u32; FORKER_MAPPED];
+        let n = {
+            let mut m = self.forker_mapped.lock();
+            let n = m.len().min(FORKER_MAPPED);
+            list[..n].copy_from_slice(&m[..n]);
+            m.clear();
+            n
+        };
+        let s = &self.root;
+        for &i in &list[..n] {
+            let mut inner = s.inner.lock();
+            let st = inner.state.get(i as usize);
+            if matches!(st, Stored | Absent) {
+                inner.state.set(i as usize, Faulting);
+                inner.state.set(i as usize, Resident);
+                inner.admit(i);
+                if st == Stored {
+                    let _ = s.store.discard(u64::from(i));
+                }
+            }
+        }
     }
 
     /// The forked child's hook waits for its userfaultfd (`child_side_of_link`): sent as soon

@@ -270,6 +270,8 @@ impl Region {
             raw_link: std::sync::OnceLock::new(),
             stored_at_fork: AtomicBool::new(false),
             forks_unserved: AtomicUsize::new(0),
+            fork_reading: AtomicUsize::new(0),
+            forker_mapped: Mutex::new(Vec::with_capacity(manager::FORKER_MAPPED)),
             spare_store: Mutex::new(None),
             staging: staging.addr(),
             slots: slots::Slots::new(staging.addr()),
@@ -658,6 +660,8 @@ impl Region {
             return Ok(());
         }
         let sh = self.shared();
+        // Not between a fork's page-table copy and its snapshot (`fork_snapshot_pending`).
+        sh.wait_for_fork_snapshot();
         let _signals = sh.root.block_signals_for_lock();
         let mut inner = sh.root.inner.lock();
         // Pages of the range already resident leave the budget's count for the pinned one.
@@ -807,6 +811,8 @@ impl Region {
         if !self.in_creator() {
             return Ok(0);
         }
+        // Not between a fork's page-table copy and its snapshot (`fork_snapshot_pending`).
+        self.shared().wait_for_fork_snapshot();
         let _signals = self.shared().root.block_signals_for_lock();
         let mut inner = self.shared().root.inner.lock();
         if inner.held.is_empty() {
@@ -835,6 +841,8 @@ impl Region {
         let s = &sh.root;
         let low = sh.low_water();
         let mut done = 0;
+        // Not between a fork's page-table copy and its snapshot (`fork_snapshot_pending`).
+        sh.wait_for_fork_snapshot();
         // Called on program threads (an allocator's commit): no signal frame may fault while
         // the lock is held (`AsyncSignalsBlocked`).
         let _signals = s.block_signals_for_lock();

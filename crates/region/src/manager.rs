@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed},
+    Ordering::{Acquire, Relaxed, SeqCst},
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -485,6 +485,14 @@ pub(crate) struct Shared {
     /// FORK events read but not yet served (snapshot and link): a parent that exits right
     /// after forking waits for them before handing its children their pages.
     pub forks_unserved: AtomicUsize,
+    /// Reads of a userfaultfd in `fork_mode` not yet accounted: counted before each read, so
+    /// that a FORK event is pending (`fork_snapshot_pending`) from before the kernel lets
+    /// mappings through again until its snapshot is taken.
+    pub fork_reading: AtomicUsize,
+    /// Pages the forking thread mapped for itself between its fork's page-table copy and the
+    /// snapshot (signal route, see `serve_fault`), their bookkeeping left for after the
+    /// snapshot. Reserved up front: pushed to in a signal handler.
+    pub forker_mapped: Mutex<Vec<u32>>,
     /// A store for the next fork's snapshot, made by the prepare hook: making one starts its
     /// engine's threads, and a handler must never create a thread (glibc may reuse a cached
     /// stack whose TLS array a program thread allocated in the program heap: found with python
@@ -601,6 +609,8 @@ pub(crate) struct Shared {
 /// A handler's poll array: the stop eventfd, the fork gate's eventfd, then one userfaultfd per
 /// space (the creator's first, then its children's), in `spaces` order.
 pub(crate) const POLL_GATE: usize = 1;
+/// Pages the forking thread may map for itself during a fork (`Shared::forker_mapped`).
+pub(crate) const FORKER_MAPPED: usize = 64;
 pub(crate) const POLL_SPACES: usize = 2;
 
 /// Outcome of an attempt to resolve a fault.
@@ -611,6 +621,26 @@ pub(crate) enum Served {
 }
 
 impl Shared {
+    /// A fork's page tables are copied and its snapshot not taken yet: a page mapped in the
+    /// root space now is missing from the child while the snapshot would say the child has
+    /// it (a copy-on-write mapping from the fork), and the child then read zeros where its data
+    /// was (`tests/c/fork_race.c`: 24 to 30 children of 40 saw wrong pages, on the signal
+    /// route, with two threads faulting beside the forking one).
+    pub(crate) fn fork_snapshot_pending(&self) -> bool {
+        self.fork_reading.load(SeqCst) > 0 || self.forks_unserved.load(SeqCst) > 0
+    }
+
+    /// On a program thread about to change the root space's pages (free, realloc, mremap, a
+    /// fault it served itself): waits while a fork's snapshot is pending (see
+    /// `fork_snapshot_pending`; under a millisecond). The forking thread never waits for its
+    /// own fork.
+    pub(crate) fn wait_for_fork_snapshot(&self) {
+        while self.fork_snapshot_pending() && !self.stop.load(Relaxed) && !self.is_forking_thread()
+        {
+            std::thread::yield_now();
+        }
+    }
+
     pub fn budget(&self) -> usize {
         self.budget_pages.load(Relaxed)
     }
@@ -766,6 +796,9 @@ impl Shared {
                     self.on_fork(&parent, child);
                     self.forks_unserved
                         .fetch_sub(1, std::sync::atomic::Ordering::Release);
+                }
+                if !self.fork_snapshot_pending() {
+                    self.account_forker_mapped();
                 }
                 // The parent hook waits for its fork to be served (`wait_fork_served`).
                 drop(self.park_lock.lock());

@@ -52,6 +52,8 @@ impl Shared {
     /// other thread uses either range meanwhile.
     pub(crate) fn move_pages(&self, dst: usize, src: usize, pages: usize) -> Remapped {
         // On a program thread (realloc, mremap): see `AsyncSignalsBlocked`.
+        // Not between a fork's page-table copy and its snapshot (`fork_snapshot_pending`).
+        self.wait_for_fork_snapshot();
         let _signals = self.root.block_signals_for_lock();
         let s = &self.root;
         let mut out = Remapped::default();

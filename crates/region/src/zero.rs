@@ -69,6 +69,8 @@ impl Shared {
     /// written with zeros if `write_others` (else left alone too).
     fn clear_pages(&self, first: usize, pages: usize, write_others: bool) -> Zeroed {
         // On a program thread (free, calloc): see `AsyncSignalsBlocked`.
+        // Not between a fork's page-table copy and its snapshot (`fork_snapshot_pending`).
+        self.wait_for_fork_snapshot();
         let _signals = self.root.block_signals_for_lock();
         let s = &self.root;
         let mut out = Zeroed::default();
