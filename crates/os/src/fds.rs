@@ -92,6 +92,20 @@ pub fn move_high(fd: OwnedFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(keep) }
 }
 
+/// Adds one to eventfd `fd`'s count: a poll on it wakes. Allocates nothing.
+pub fn eventfd_signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a local to a descriptor; a bad one fails harmlessly.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Empties eventfd `fd` (non-blocking: returns at once if it is empty). Allocates nothing.
+pub fn eventfd_drain(fd: RawFd) {
+    let mut v = 0u64;
+    // SAFETY: reading 8 bytes into a local from a descriptor; a bad one fails harmlessly.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+}
+
 /// A non-blocking, close-on-exec eventfd at a high number ([`move_high`], so protected): zmem's
 /// wake-ups never take the low numbers a program expects to get from its own next `open`.
 pub fn eventfd() -> std::io::Result<OwnedFd> {

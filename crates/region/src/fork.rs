@@ -361,10 +361,9 @@ impl Shared {
 
     /// pthread_atfork prepare: park every handler and the evictor (bounded wait).
     pub fn fork_gate_close(&self) {
-        let mut v = 0u64;
-        // SAFETY: draining our eventfd (non-blocking): it says the gate is open from the last
-        // `fork_gate_open` until here, and must not wake `fork_mode` during this fork.
-        unsafe { libc::read(self.reopen_fd, (&mut v as *mut u64).cast(), 8) };
+        // Readable from the last `fork_gate_open` until here: it must not wake `fork_mode`
+        // during this fork.
+        zmem_os::fds::eventfd_drain(self.reopen_fd);
         // SAFETY: gettid has no preconditions.
         self.forking_tid.store(unsafe { libc::gettid() }, Relaxed);
         self.forking.store(true, Release);
@@ -418,9 +417,8 @@ impl Shared {
     /// pthread_atfork parent: let them go.
     pub fn fork_gate_open(&self) {
         self.forking.store(false, Release);
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to our eventfd: handlers in `fork_mode` leave at once.
-        unsafe { libc::write(self.reopen_fd, (&one as *const u64).cast(), 8) };
+        // Handlers in `fork_mode` leave at once.
+        zmem_os::fds::eventfd_signal(self.reopen_fd);
         // The evictor waits here (and the parent hook, for its fork to be served).
         let _g = self.park_lock.lock();
         self.park_wake.notify_all();

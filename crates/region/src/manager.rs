@@ -624,8 +624,8 @@ impl Shared {
     /// A fork's page tables are copied and its snapshot not taken yet: a page mapped in the
     /// root space now is missing from the child while the snapshot would say the child has
     /// it (a copy-on-write mapping from the fork), and the child then read zeros where its data
-    /// was (`tests/c/fork_race.c`: 24 to 30 children of 40 saw wrong pages, on the signal
-    /// route, with two threads faulting beside the forking one).
+    /// was (`tests/c/fork_race.c`: 36 children of 40 saw wrong pages, on the signal route,
+    /// with two threads faulting and one freeing beside the forking one).
     pub(crate) fn fork_snapshot_pending(&self) -> bool {
         self.fork_reading.load(SeqCst) > 0 || self.forks_unserved.load(SeqCst) > 0
     }
