@@ -3018,3 +3018,26 @@ fn forked_children_see_their_memory_while_other_threads_fault() {
         );
     }
 }
+
+/// Two hundred children alive at once (tests/c/many_children.c), each checking the parent's
+/// heap when it starts and when it ends. Each live child's snapshot holds tables sized for
+/// the whole region; charged to the commit count they made every fork past ~110 live children
+/// fail with ENOMEM (59 of 200 failed).
+#[test]
+fn two_hundred_live_children_all_fork() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("many_children", dir.path(), &[]);
+    let mut cmd = zmem_cmd(&["run", "--resident", "2M", "--quiet", "--"]);
+    cmd.arg(&prog).args(["4", "200"]);
+    let out = run_to_end(cmd, dir.path(), "many_children", Duration::from_secs(300));
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (Some(0), "ok 200"),
+        "{}",
+        tail(&out.stderr)
+    );
+}

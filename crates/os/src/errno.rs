@@ -31,6 +31,11 @@ impl Errno {
         self.0
     }
 
+    /// The code of an OS error (EIO for one that carries none), printable on zmem's threads.
+    pub fn of(e: &io::Error) -> Errno {
+        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+
     /// The symbolic name ("EEXIST"), or "E?" for a code this table does not know.
     pub fn name(self) -> &'static str {
         NAMES

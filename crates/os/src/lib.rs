@@ -18,7 +18,7 @@ pub mod thread;
 
 pub use errno::Errno;
 pub use extents::Extents;
-pub use mapping::{Mapping, MappingFlags};
+pub use mapping::{Mapping, MappingFlags, ZeroedTable};
 pub use spin::SpinLock;
 
 /// The page size zmem compresses, stores and faults in: the base page of x86-64 and of the

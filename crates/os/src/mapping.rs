@@ -149,6 +149,68 @@ impl Drop for Mapping {
     }
 }
 
+/// A table of `n` values of `T`, all zero bits at first, in a mapping of its own with
+/// MAP_NORESERVE: the kernel maps its pages when first written, so a table sized for a huge
+/// region costs DRAM only where it is used, and it is not charged to the commit count either.
+/// Allocated zeroed from the heap (calloc) it was: a forked child's snapshot holds two such
+/// tables for a 94 GiB heap (~220 MB), glibc's mmaps of them merged into one accounted
+/// mapping, and once that passed the machine's memory (about a hundred children alive, or dead
+/// ones not yet dropped) every fork of the program failed with ENOMEM (the kernel checks each
+/// accounted mapping it copies against RAM + swap).
+pub struct ZeroedTable<T> {
+    map: Option<Mapping>,
+    n: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T> ZeroedTable<T> {
+    /// # Safety
+    /// All zero bits must be a valid `T` (the table starts that way, never written).
+    pub unsafe fn new(n: usize) -> io::Result<ZeroedTable<T>> {
+        // Its values are never dropped, only unmapped.
+        const { assert!(!std::mem::needs_drop::<T>()) };
+        let bytes = n.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "a table larger than memory")
+        })?;
+        let map = match bytes {
+            0 => None,
+            _ => Some(Mapping::new(bytes, MappingFlags::RESERVE_SMALL_PAGES)?),
+        };
+        Ok(ZeroedTable {
+            map,
+            n,
+            _t: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T> std::ops::Deref for ZeroedTable<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match &self.map {
+            // SAFETY: a page-aligned mapping of n * size_of::<T>() bytes, all zero at first
+            // (a valid T, promised by `new`'s caller) and only written through `&mut self`.
+            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr().cast::<T>(), self.n) },
+            None => &[],
+        }
+    }
+}
+
+impl<T> std::ops::DerefMut for ZeroedTable<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &self.map {
+            // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
+            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.as_ptr().cast::<T>(), self.n) },
+            None => &mut [],
+        }
+    }
+}
+
+// SAFETY: the table owns its values like a Box<[T]> does.
+unsafe impl<T: Send> Send for ZeroedTable<T> {}
+// SAFETY: as above; shared access gives &[T] only.
+unsafe impl<T: Sync> Sync for ZeroedTable<T> {}
+
 /// Which pages of `[ptr, ptr + len)` are mapped now (mincore): the indices of those pages,
 /// counted from the page holding `ptr`. Memory never touched is not: walking it with reads
 /// would map (and fault) every page of a lazily allocated table. None if the kernel refuses

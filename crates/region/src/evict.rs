@@ -5,7 +5,7 @@
 //! (by default only staging, the evictor settling their batches on another CPU: see
 //! `evict_async`), and a fault that finds the budget exhausted evicts itself (`make_room`).
 
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -869,7 +869,15 @@ impl Shared {
     fn evictor_nap(&self, d: Duration) {
         let mut g = self.evictor_mutex.lock();
         if !*g {
+            // A fork meanwhile parks this thread without waking it (`Naps`).
+            let w = self.workers - 1;
+            self.nap_begin(w);
             self.evictor_wake.wait_for(&mut g, d);
+            if self.nap_end(w) {
+                drop(g);
+                self.stay_parked(true);
+                return;
+            }
         }
         *g = false;
     }
@@ -892,16 +900,7 @@ impl Shared {
                 continue;
             }
             if self.forking.load(Acquire) {
-                self.park_for_fork();
-                // Woken by `fork_gate_open` (looking every 200 µs woke this thread, and with it
-                // the TLB-flush IPIs of the forking thread's copy-on-write faults, several
-                // times a fork).
-                let mut g = self.park_lock.lock();
-                while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
-                    self.park_wake.wait_for(&mut g, Duration::from_millis(1));
-                }
-                drop(g);
-                self.parked.fetch_sub(1, AcqRel);
+                self.stay_parked(false);
                 continue;
             }
             crate::manager::bury_dead_stores();

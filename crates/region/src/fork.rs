@@ -5,7 +5,7 @@
 //! allocator (whose locks glibc holds across fork) when the event must be read.
 
 use std::sync::atomic::{
-    AtomicBool,
+    AtomicBool, AtomicU8,
     Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 use std::sync::Arc;
@@ -35,6 +35,27 @@ use crate::uffd::{self, Msg, Uffd};
 pub(crate) static REGISTRY: SpinLock<Vec<Weak<Shared>>> = SpinLock::new(Vec::new());
 static ATFORK: std::sync::Once = std::sync::Once::new();
 
+/// Where each of a region's threads (handlers, then the evictor) stands with the fork gate.
+/// A thread asleep in its idle wait is parked for a fork by the forking thread itself, without
+/// a wake-up: waking a handler and the evictor to park them, and being woken back by the last
+/// (`park_wake`), cost ~45 µs a fork on this 2-vCPU VM, and every wake of an idle thread drew
+/// the copy-on-write faults of what it then wrote (a dozen a fork for the evictor alone).
+pub(crate) struct Naps(Box<[AtomicU8]>);
+
+/// Working: parked for a fork by waking it (`fork_gate_close` writes the gate).
+const BUSY: u8 = 0;
+/// In its idle wait, doing nothing that could block a fork (no lock, no allocation).
+const NAPPING: u8 = 1;
+/// Napping, and counted in `Shared::parked` by the forking thread: it stays out of the region
+/// until the gate reopens (`Shared::nap_end` says so when it wakes meanwhile).
+const PARKED_NAPPING: u8 = 2;
+
+impl Naps {
+    pub(crate) fn new(threads: usize) -> Self {
+        Self((0..threads).map(|_| AtomicU8::new(BUSY)).collect())
+    }
+}
+
 // The three hooks run on the forking thread, one of the program's: `as_zmem` keeps what they
 // allocate out of the program's compressed heap (see zmem_os::thread::as_zmem). The parent
 // hook allocates before it reopens the gate; on an evicted heap page it waited for handlers
@@ -56,6 +77,9 @@ fn prepare() {
     let registry = REGISTRY.lock();
     for s in registry.iter() {
         if let Some(s) = s.upgrade() {
+            // The previous fork's link must have been taken by its FORK event before this
+            // fork makes the next (see `parent`).
+            s.wait_fork_served();
             s.prepare_spare_store();
             s.fork_gate_close();
             s.open_child_link();
@@ -69,18 +93,15 @@ fn prepare() {
 fn parent() {
     REGISTRY.reset(); // taken by atfork_prepare
     let registry = REGISTRY.lock();
-    let regions: Vec<Arc<Shared>> = registry.iter().filter_map(Weak::upgrade).collect();
-    for s in &regions {
+    for s in registry.iter().filter_map(Weak::upgrade) {
         s.parent_side_of_link();
         s.fork_gate_open();
     }
-    // The kernel may hand the FORK event to a handler only after fork() returned here. Until
-    // it is served, this fork's link waits in `fork_link`: a second fork would replace it (and
-    // the first child's descriptor would go to the second child's thread), and a parent that
-    // exits at once would leave the child unserved. So fork returns once its child is linked.
-    for s in &regions {
-        s.wait_fork_served();
-    }
+    // Returns before the handler has taken the child's snapshot: until then the program's
+    // faults, frees and moves wait (`fork_snapshot_pending`), the next fork waits in its
+    // prepare hook (this fork's link in `fork_link` must go to this child), and so does the
+    // process's exit (`hand_off_children`). Waiting here instead cost every fork the snapshot
+    // and a wake-up: fork() + _exit + waitpid at `--resident 16M`, 701-710 -> 633-665 µs.
 }
 
 fn child() {
@@ -163,7 +184,9 @@ impl Shared {
     /// are stashed and snapshotted after the fork returns; faults and other events wait, in
     /// order, in `deferred` (reserved up front). No fault is resolved until the snapshot is
     /// taken, so the child's view is the parent's memory at the fork; only the forking thread's
-    /// own faults get their page mapped meanwhile (see `map_for_forking_thread`).
+    /// own faults get their page mapped meanwhile (see `map_for_forking_thread`). The thread is
+    /// counted in `parked` already (`park_for_fork`, or by the forking thread while it napped);
+    /// it takes the count back as it leaves.
     pub(crate) fn fork_mode(
         &self,
         spaces: &[Arc<Space>],
@@ -174,7 +197,6 @@ impl Shared {
         buf: &mut [u8],
     ) {
         let forker = self.forking_tid.load(Relaxed);
-        self.park_for_fork();
         // The gate's eventfd stays readable until the forking thread drains it after everyone
         // parked: polled here, it made this loop spin, and the forking thread, woken on the
         // same CPU, waited a whole time slice (4 ms per fork). The gate's reopening is told by
@@ -366,10 +388,22 @@ impl Shared {
         zmem_os::fds::eventfd_drain(self.reopen_fd);
         // SAFETY: gettid has no preconditions.
         self.forking_tid.store(unsafe { libc::gettid() }, Relaxed);
-        self.forking.store(true, Release);
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to our eventfd.
-        unsafe { libc::write(self.gate_fd, (&one as *const u64).cast(), 8) };
+        // SeqCst with the naps: a thread that starts napping after its look below sees it.
+        self.forking.store(true, SeqCst);
+        let mut all_napping = true;
+        for n in self.naps.0.iter() {
+            if n.compare_exchange(NAPPING, PARKED_NAPPING, SeqCst, SeqCst)
+                .is_ok()
+            {
+                self.parked.fetch_add(1, AcqRel);
+            } else {
+                all_napping = false;
+            }
+        }
+        if all_napping {
+            return;
+        }
+        zmem_os::fds::eventfd_signal(self.gate_fd);
         self.kick_evictor();
         // Woken by the last thread to park (a loop of sched_yield here gave the CPU away for a
         // whole time slice at a time: 4-5 ms per fork). Bounded: a thread that does not park
@@ -380,9 +414,51 @@ impl Shared {
             self.park_wake.wait_until(&mut g, deadline);
         }
         drop(g);
-        let mut v = 0u64;
-        // SAFETY: draining our eventfd (non-blocking).
-        unsafe { libc::read(self.gate_fd, (&mut v as *mut u64).cast(), 8) };
+        zmem_os::fds::eventfd_drain(self.gate_fd);
+    }
+
+    /// Before region thread `w`'s idle wait (a handler's poll, the evictor's nap): from here
+    /// until [`Self::nap_end`] it does nothing that could block a fork, which may then count
+    /// it as parked without waking it.
+    pub(crate) fn nap_begin(&self, w: usize) {
+        self.naps.0[w].store(NAPPING, SeqCst);
+    }
+
+    /// Right after region thread `w`'s idle wait. True: a fork counted it as parked meanwhile
+    /// and the gate is not open yet: the thread is parked now (counted in `parked`, which it
+    /// takes back when it leaves: `fork_mode` or `stay_parked` with `counted`).
+    pub(crate) fn nap_end(&self, w: usize) -> bool {
+        let n = &self.naps.0[w];
+        loop {
+            match n.compare_exchange(NAPPING, BUSY, SeqCst, SeqCst) {
+                Ok(_) => return false,
+                Err(PARKED_NAPPING) => {
+                    if n.compare_exchange(PARKED_NAPPING, BUSY, SeqCst, SeqCst)
+                        .is_ok()
+                    {
+                        return true;
+                    }
+                    // The gate reopened meanwhile and took the count back: napping again.
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// The evictor, parked for a fork: waits until the gate reopens.
+    /// `counted`: the forking thread counted it already (`nap_end`).
+    pub(crate) fn stay_parked(&self, counted: bool) {
+        if !counted {
+            self.park_for_fork();
+        }
+        // Woken by `fork_gate_open` (looking every 200 µs woke this thread, and with it the
+        // TLB-flush IPIs of the forking thread's copy-on-write faults, several times a fork).
+        let mut g = self.park_lock.lock();
+        while self.forking.load(Acquire) && !self.stop.load(Relaxed) {
+            self.park_wake.wait_for(&mut g, Duration::from_millis(1));
+        }
+        drop(g);
+        self.parked.fetch_sub(1, AcqRel);
     }
 
     /// In a forked child: closes the descriptors inherited from the parent (its userfaultfds,
@@ -416,7 +492,15 @@ impl Shared {
 
     /// pthread_atfork parent: let them go.
     pub fn fork_gate_open(&self) {
-        self.forking.store(false, Release);
+        self.forking.store(false, SeqCst);
+        // Those still asleep since the gate closed were never parked but by our count.
+        for n in self.naps.0.iter() {
+            if n.compare_exchange(PARKED_NAPPING, NAPPING, SeqCst, SeqCst)
+                .is_ok()
+            {
+                self.parked.fetch_sub(1, AcqRel);
+            }
+        }
         // Handlers in `fork_mode` leave at once.
         zmem_os::fds::eventfd_signal(self.reopen_fd);
         // The evictor waits here (and the parent hook, for its fork to be served).
@@ -460,7 +544,7 @@ impl Shared {
             Some(s) => s,
             None => (self.store_factory)()?, // a raw fork: no prepare hook ran
         };
-        let mut state = StateTable::new(parent.pages);
+        let mut state = StateTable::new(parent.pages)?;
         let mut page = vec![0u8; PAGE];
         let mut resident = 0;
         let mut stored = 0;

@@ -240,9 +240,9 @@ impl Region {
             inner: Mutex::new({
                 let mut inner = SpaceInner::new(
                     if cfg.trace_pages {
-                        StateTable::with_history(pages)
+                        StateTable::with_history(pages)?
                     } else {
-                        StateTable::new(pages)
+                        StateTable::new(pages)?
                     },
                     Some(Tracker::new(pages, cfg.eviction)),
                 );
@@ -323,6 +323,7 @@ impl Region {
             park_lock: Mutex::new(()),
             park_wake: parking_lot::Condvar::new(),
             workers: cfg.handler_threads + 1,
+            naps: crate::fork::Naps::new(cfg.handler_threads + 1),
             gate_fd,
             reopen_fd,
             spin: if zmem_os::thread::cpus_available() > 1 {
@@ -355,11 +356,12 @@ impl Region {
         let spawn = || -> Result<(), RegionError> {
             for i in 0..cfg.handler_threads {
                 let s = shared.clone();
-                let h = zmem_os::thread::spawn(format!("zmem-fault-{i}"), move || s.handler_loop())
-                    .map_err(|source| RegionError::Os {
-                        op: "spawn fault handler",
-                        source,
-                    })?;
+                let h =
+                    zmem_os::thread::spawn(format!("zmem-fault-{i}"), move || s.handler_loop(i))
+                        .map_err(|source| RegionError::Os {
+                            op: "spawn fault handler",
+                            source,
+                        })?;
                 region_obj.threads.push(h);
             }
             let s = shared.clone();

@@ -351,8 +351,22 @@ impl Drop for Space {
         // for (an exiting thread may touch program memory that only a handler brings back), and
         // the last reference to a dead child's space is often a handler's. So it goes to the
         // graveyard, which the evictor (or the region's drop) empties, holding no lock.
-        GRAVEYARD.lock().push(store);
+        let mut g = GRAVEYARD.lock();
+        g.push(store);
+        BURIALS_DUE.store(g.len() >= BURY_AT, Relaxed);
     }
+}
+
+/// Dead children's stores waiting in the graveyard at which a handler wakes the evictor to drop
+/// them (`bury_dead_stores`). Each holds its pool and tables until then, which later forks
+/// copy and their children tear down; the evictor, left asleep through forks (`fork::Naps`),
+/// would otherwise drop them only at its next nap's end.
+const BURY_AT: usize = 1;
+static BURIALS_DUE: AtomicBool = AtomicBool::new(false);
+
+/// Whether the graveyard holds [`BURY_AT`] stores or more.
+pub(crate) fn burials_due() -> bool {
+    BURIALS_DUE.load(Relaxed)
 }
 
 /// Stores of dead children, waiting to be dropped off the handlers ([`bury_dead_stores`]).
@@ -376,7 +390,11 @@ pub(crate) fn forget_dead_stores_in_child() {
 
 /// Drops the stores of dead children (never on a handler).
 pub(crate) fn bury_dead_stores() {
-    let dead = std::mem::take(&mut *GRAVEYARD.lock());
+    let dead = {
+        let mut g = GRAVEYARD.lock();
+        BURIALS_DUE.store(false, Relaxed);
+        std::mem::take(&mut *g)
+    };
     drop(dead);
 }
 
@@ -595,6 +613,9 @@ pub(crate) struct Shared {
     pub park_lock: Mutex<()>,
     pub park_wake: parking_lot::Condvar,
     pub workers: usize,
+    /// Which of them sleep in their idle wait (handlers by number, then the evictor): a fork
+    /// parks those without waking them.
+    pub(crate) naps: crate::fork::Naps,
     pub gate_fd: i32,
     /// Readable once the fork gate reopens (written by `fork_gate_open`, drained when the gate
     /// next closes): a handler in `fork_mode` polls it to leave at once.
@@ -653,7 +674,8 @@ impl Shared {
 
     // ---------------------------------------------------------------- handler threads
 
-    pub fn handler_loop(self: &Arc<Self>) {
+    /// `w`: this handler's number (its entry in `naps`).
+    pub fn handler_loop(self: &Arc<Self>, w: usize) {
         self.colocation.register_ours();
         // This thread may serve a fault for a thread that is exiting (see
         // `signal::serve_by_handler`): its thread-locals must exist before then, which
@@ -674,6 +696,9 @@ impl Shared {
         let mut fast_faults = false;
         while !self.stop.load(Relaxed) {
             spaces.clear();
+            if burials_due() {
+                self.kick_evictor();
+            }
             spaces.push(self.root.clone());
             spaces.extend(
                 self.children
@@ -742,9 +767,13 @@ impl Shared {
                     std::thread::yield_now();
                 }
             }
+            let mut parked_asleep = false;
             if rc == 0 {
+                // A fork meanwhile parks this thread without waking it (`Naps`).
+                self.nap_begin(w);
                 // SAFETY: fds is a valid array of pollfd of the given length.
                 rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout) };
+                parked_asleep = self.nap_end(w);
             }
             if rc > 0 && fds[POLL_SPACES..].iter().any(|f| f.revents != 0) {
                 let now = Instant::now();
@@ -759,7 +788,8 @@ impl Shared {
             if self.stop.load(Relaxed) {
                 break;
             }
-            if fds[0].revents & libc::POLLIN != 0 {
+            // Parked while asleep: nothing else until the gate reopens (an assist waits).
+            if !parked_asleep && fds[0].revents & libc::POLLIN != 0 {
                 // Not a stop: a fault that a program thread could not serve itself (signal
                 // route, see `signal::serve_by_handler`) woke us. Drain the count; should the
                 // stop have come meanwhile, leave it for the other handlers.
@@ -773,11 +803,16 @@ impl Shared {
                     break;
                 }
             }
-            crate::signal::serve_assists(self, &mut buf);
+            if !parked_asleep {
+                crate::signal::serve_assists(self, &mut buf);
+            }
             if fds[POLL_SPACES].revents & libc::POLLNVAL != 0 {
                 lost_descriptor(self.root.uffd.raw());
             }
-            if self.forking.load(Acquire) {
+            if parked_asleep || self.forking.load(Acquire) {
+                if !parked_asleep {
+                    self.park_for_fork(); // counted here, taken back as `fork_mode` ends
+                }
                 // Asks wait for the fork (like faults); their links must not wake the poll.
                 for f in &mut fds[first_link..] {
                     f.fd = -1;

@@ -74,7 +74,9 @@ const CHUNK: usize = 512;
 /// Absent: a region is mostly untouched address space (a heap of 4x the machine's memory and
 /// as much again for the program's mappings), and a fork walks only the touched chunks.
 pub(crate) struct StateTable {
-    states: Vec<u8>,
+    /// One byte per page (`PageState`), mapped apart (`ZeroedTable`): a forked child's snapshot
+    /// holds one sized for the whole region.
+    states: zmem_os::ZeroedTable<u8>,
     touched: Vec<u64>,
     /// `RegionConfig::trace_pages`: each page's last changes (see `trace`).
     history: Option<Box<crate::trace::History>>,
@@ -82,20 +84,28 @@ pub(crate) struct StateTable {
 
 impl StateTable {
     /// `pages` pages, all Absent; the memory is touched only when a page's state is set.
-    pub fn new(pages: usize) -> StateTable {
-        StateTable {
-            states: vec![Absent as u8; pages],
+    pub fn new(pages: usize) -> Result<StateTable, crate::RegionError> {
+        const { assert!(Absent as u8 == 0) };
+        // SAFETY: u8 has no invalid bit pattern; zero is Absent (checked above).
+        let states = unsafe { zmem_os::ZeroedTable::new(pages) }.map_err(|source| {
+            crate::RegionError::Os {
+                op: "map the table of page states",
+                source,
+            }
+        })?;
+        Ok(StateTable {
+            states,
             touched: vec![0; pages.div_ceil(CHUNK).div_ceil(64)],
             history: None,
-        }
+        })
     }
 
     /// As [`StateTable::new`], recording each page's last changes (`RegionConfig::trace_pages`).
-    pub fn with_history(pages: usize) -> StateTable {
-        StateTable {
+    pub fn with_history(pages: usize) -> Result<StateTable, crate::RegionError> {
+        Ok(StateTable {
             history: Some(Box::new(crate::trace::History::new(pages))),
-            ..StateTable::new(pages)
-        }
+            ..StateTable::new(pages)?
+        })
     }
 
     pub fn history(&self) -> Option<&crate::trace::History> {
@@ -169,7 +179,7 @@ mod tests {
     #[test]
     fn touched_chunks_cover_every_page_that_is_not_absent() {
         let pages = 100 * CHUNK + 7;
-        let mut t = StateTable::new(pages);
+        let mut t = StateTable::new(pages).unwrap();
         assert_eq!(t.iter_touched().count(), 0);
         for p in [0, 5, CHUNK * 3 + 1, CHUNK * 64 + 2, pages - 1] {
             t.set(p, Faulting);

@@ -43,6 +43,10 @@ pub enum StoreError {
     /// its parent changed could not be made): poisoned, never read as zeros.
     #[error("page {index} is lost: {reason}")]
     Lost { index: u64, reason: &'static str },
+    /// The table of a store's pages could not be mapped (the address space or the
+    /// kernel's map count is exhausted).
+    #[error("cannot map the table of {pages} pages: {source}")]
+    SlotTable { pages: u64, source: zmem_os::Errno },
 }
 
 impl StoreError {

@@ -69,7 +69,7 @@ struct BlockMeta {
 
 /// What completion sinks need; the engine lives outside it so a worker thread never drops it.
 struct Inner {
-    slots: Box<[Slot]>,
+    slots: zmem_os::ZeroedTable<Slot>,
     pool: Pool,
     dict: Option<Arc<Dictionary>>,
     counters: Counters,
@@ -174,7 +174,10 @@ impl PageStore {
         }
         let engine = Engine::new(cfg.engine.clone())?;
         // Zeroed, not written: untouched pages cost no DRAM.
-        let slots = Slot::table(cfg.pages as usize);
+        let slots = Slot::table(cfg.pages as usize).map_err(|e| StoreError::SlotTable {
+            pages: cfg.pages,
+            source: zmem_os::Errno::of(&e),
+        })?;
         let cold = cold_queue(&cfg)?;
         // The log's collector reaches the store through a weak reference (it repoints pages).
         let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| Inner {

@@ -15,9 +15,9 @@
 //! ```
 //! The aux word is written only with LOCK held and published by the unlocking store (Release).
 
-use std::alloc::{self, Layout};
-use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use zmem_os::ZeroedTable;
 
 pub const KIND_MASK: u64 = 0b111;
 pub const EMPTY: u64 = 0;
@@ -95,26 +95,11 @@ impl Slot {
         }
     }
 
-    /// A table of `n` empty slots, allocated zeroed rather than written: the allocator takes
-    /// a table this large straight from the kernel, which maps its pages only when they are
-    /// first written, so a store for a huge region costs DRAM only for the pages it holds.
-    /// (`Box::new_zeroed_slice` would do, but needs Rust 1.92.)
-    pub fn table(n: usize) -> Box<[Slot]> {
-        let Ok(layout) = Layout::array::<Slot>(n) else {
-            panic!("a table of {n} slots does not fit in memory");
-        };
-        if layout.size() == 0 {
-            return Box::new([]);
-        }
-        // SAFETY: the layout's size is not zero.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) }.cast::<Slot>();
-        if ptr.is_null() {
-            alloc::handle_alloc_error(layout);
-        }
-        // SAFETY: `ptr` is an allocation of the global allocator with the layout of `[Slot; n]`
-        // (the one a Box<[Slot]> of n is freed with), and its contents are valid: all zero bits
-        // is `Slot::empty()` (asserted at compile time above).
-        unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(ptr, n)) }
+    /// A table of `n` empty slots, never written (`zmem_os::ZeroedTable`): a store for a huge
+    /// region costs DRAM only for the pages it holds.
+    pub fn table(n: usize) -> std::io::Result<ZeroedTable<Slot>> {
+        // SAFETY: all zero bits is `Slot::empty()` (asserted at compile time above).
+        unsafe { ZeroedTable::new(n) }
     }
 
     /// Takes the page's lock, spinning briefly then yielding; returns the state it held.
@@ -169,7 +154,7 @@ mod tests {
     #[test]
     fn a_table_is_empty_slots() {
         for n in [0, 1, 7, 100_000] {
-            let t = Slot::table(n);
+            let t = Slot::table(n).unwrap();
             assert_eq!(t.len(), n);
             for s in t.iter() {
                 assert_eq!(s.peek(), State::new(EMPTY));
