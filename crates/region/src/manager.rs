@@ -351,20 +351,17 @@ impl Drop for Space {
         // for (an exiting thread may touch program memory that only a handler brings back), and
         // the last reference to a dead child's space is often a handler's. So it goes to the
         // graveyard, which the evictor (or the region's drop) empties, holding no lock.
-        let mut g = GRAVEYARD.lock();
-        g.push(store);
-        BURIALS_DUE.store(g.len() >= BURY_AT, Relaxed);
+        GRAVEYARD.lock().push(store);
+        BURIALS_DUE.store(true, Relaxed);
     }
 }
 
-/// Dead children's stores waiting in the graveyard at which a handler wakes the evictor to drop
-/// them (`bury_dead_stores`). Each holds its pool and tables until then, which later forks
-/// copy and their children tear down; the evictor, left asleep through forks (`fork::Naps`),
-/// would otherwise drop them only at its next nap's end.
-const BURY_AT: usize = 1;
+/// The graveyard holds a store: a handler wakes the evictor to drop it (`bury_dead_stores`).
+/// Each holds its pool and tables until then, which later forks copy and their children tear
+/// down; the evictor, left asleep through forks (`fork::Naps`), would otherwise drop them only
+/// at its next nap's end (child exit -> reaped 255 -> 400 µs with 300 forks in a row).
 static BURIALS_DUE: AtomicBool = AtomicBool::new(false);
 
-/// Whether the graveyard holds [`BURY_AT`] stores or more.
 pub(crate) fn burials_due() -> bool {
     BURIALS_DUE.load(Relaxed)
 }
