@@ -2996,8 +2996,13 @@ fn forked_children_see_their_memory_while_other_threads_fault() {
     let dir = tmpdir();
     let prog = compile("fork_race", dir.path(), &[]);
     // 8 MiB at a 2M budget: 19 of 20 children saw wrong pages on the signal route before. The
-    // handler route is slow in a debug build (~4 s a fork here): fewer forks.
-    for (route, forks) in [("signal", "20"), ("handler", "4")] {
+    // handler route is slow in a debug build (~4 s a fork here): fewer forks. Two handler
+    // threads: both park for each fork (asleep, by the forking thread), one reads its event.
+    for (route, forks, handlers) in [
+        ("signal", "20", "1"),
+        ("handler", "4", "1"),
+        ("handler", "2", "2"),
+    ] {
         let mut cmd = zmem_cmd(&[
             "run",
             "--resident",
@@ -3005,10 +3010,12 @@ fn forked_children_see_their_memory_while_other_threads_fault() {
             "--quiet",
             "--fault-route",
             route,
+            "--handler-threads",
+            handlers,
             "--",
         ]);
         cmd.arg(&prog).args(["8", forks]);
-        let tag = format!("fork_race on the {route} route");
+        let tag = format!("fork_race on the {route} route, {handlers} handler threads");
         let out = run_to_end(cmd, dir.path(), &tag, Duration::from_secs(120));
         assert_eq!(
             (out.code, out.stdout.trim()),
