@@ -871,9 +871,9 @@ impl Shared {
         if !*g {
             // A fork meanwhile parks this thread without waking it (`Naps`).
             let w = self.workers - 1;
-            self.nap_begin(w);
+            self.naps.begin(w);
             self.evictor_wake.wait_for(&mut g, d);
-            if self.nap_end(w) {
+            if self.naps.end(w) {
                 drop(g);
                 self.stay_parked(true);
                 return;

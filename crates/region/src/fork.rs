@@ -47,12 +47,59 @@ const BUSY: u8 = 0;
 /// In its idle wait, doing nothing that could block a fork (no lock, no allocation).
 const NAPPING: u8 = 1;
 /// Napping, and counted in `Shared::parked` by the forking thread: it stays out of the region
-/// until the gate reopens (`Shared::nap_end` says so when it wakes meanwhile).
+/// until the gate reopens (`Naps::end` says so when it wakes meanwhile).
 const PARKED_NAPPING: u8 = 2;
 
 impl Naps {
     pub(crate) fn new(threads: usize) -> Self {
         Self((0..threads).map(|_| AtomicU8::new(BUSY)).collect())
+    }
+
+    /// The forking thread: every napping thread is parked as it sleeps. Returns how many were,
+    /// and whether that was all of them.
+    fn park_sleepers(&self) -> (usize, bool) {
+        let parked = self.swap_each(NAPPING, PARKED_NAPPING);
+        (parked, parked == self.0.len())
+    }
+
+    /// The gate reopens: those that slept through it nap on, no longer parked. How many.
+    fn release_sleepers(&self) -> usize {
+        self.swap_each(PARKED_NAPPING, NAPPING)
+    }
+
+    /// Before region thread `w`'s idle wait (a handler's poll, the evictor's nap): from here
+    /// until [`Self::end`] it does nothing that could block a fork, which may then count
+    /// it as parked without waking it.
+    pub(crate) fn begin(&self, w: usize) {
+        self.0[w].store(NAPPING, SeqCst);
+    }
+
+    /// Right after region thread `w`'s idle wait. True: a fork counted it as parked meanwhile
+    /// and the gate is not open yet: the thread is parked now (counted in `parked`, which it
+    /// takes back when it leaves: `fork_mode` or `stay_parked` with `counted`).
+    pub(crate) fn end(&self, w: usize) -> bool {
+        let n = &self.0[w];
+        loop {
+            match n.compare_exchange(NAPPING, BUSY, SeqCst, SeqCst) {
+                Ok(_) => return false,
+                Err(PARKED_NAPPING) => {
+                    if n.compare_exchange(PARKED_NAPPING, BUSY, SeqCst, SeqCst)
+                        .is_ok()
+                    {
+                        return true;
+                    }
+                    // The gate reopened meanwhile and took the count back: napping again.
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+
+    fn swap_each(&self, from: u8, to: u8) -> usize {
+        self.0
+            .iter()
+            .filter(|n| n.compare_exchange(from, to, SeqCst, SeqCst).is_ok())
+            .count()
     }
 }
 
@@ -390,17 +437,9 @@ impl Shared {
         self.forking_tid.store(unsafe { libc::gettid() }, Relaxed);
         // SeqCst with the naps: a thread that starts napping after its look below sees it.
         self.forking.store(true, SeqCst);
-        let mut all_napping = true;
-        for n in self.naps.0.iter() {
-            if n.compare_exchange(NAPPING, PARKED_NAPPING, SeqCst, SeqCst)
-                .is_ok()
-            {
-                self.parked.fetch_add(1, AcqRel);
-            } else {
-                all_napping = false;
-            }
-        }
-        if all_napping {
+        let (asleep, all_asleep) = self.naps.park_sleepers();
+        self.parked.fetch_add(asleep, AcqRel);
+        if all_asleep {
             return;
         }
         zmem_os::fds::eventfd_signal(self.gate_fd);
@@ -417,36 +456,8 @@ impl Shared {
         zmem_os::fds::eventfd_drain(self.gate_fd);
     }
 
-    /// Before region thread `w`'s idle wait (a handler's poll, the evictor's nap): from here
-    /// until [`Self::nap_end`] it does nothing that could block a fork, which may then count
-    /// it as parked without waking it.
-    pub(crate) fn nap_begin(&self, w: usize) {
-        self.naps.0[w].store(NAPPING, SeqCst);
-    }
-
-    /// Right after region thread `w`'s idle wait. True: a fork counted it as parked meanwhile
-    /// and the gate is not open yet: the thread is parked now (counted in `parked`, which it
-    /// takes back when it leaves: `fork_mode` or `stay_parked` with `counted`).
-    pub(crate) fn nap_end(&self, w: usize) -> bool {
-        let n = &self.naps.0[w];
-        loop {
-            match n.compare_exchange(NAPPING, BUSY, SeqCst, SeqCst) {
-                Ok(_) => return false,
-                Err(PARKED_NAPPING) => {
-                    if n.compare_exchange(PARKED_NAPPING, BUSY, SeqCst, SeqCst)
-                        .is_ok()
-                    {
-                        return true;
-                    }
-                    // The gate reopened meanwhile and took the count back: napping again.
-                }
-                Err(_) => return false,
-            }
-        }
-    }
-
     /// The evictor, parked for a fork: waits until the gate reopens.
-    /// `counted`: the forking thread counted it already (`nap_end`).
+    /// `counted`: the forking thread counted it already (`Naps::end`).
     pub(crate) fn stay_parked(&self, counted: bool) {
         if !counted {
             self.park_for_fork();
@@ -494,13 +505,7 @@ impl Shared {
     pub fn fork_gate_open(&self) {
         self.forking.store(false, SeqCst);
         // Those still asleep since the gate closed were never parked but by our count.
-        for n in self.naps.0.iter() {
-            if n.compare_exchange(PARKED_NAPPING, NAPPING, SeqCst, SeqCst)
-                .is_ok()
-            {
-                self.parked.fetch_sub(1, AcqRel);
-            }
-        }
+        self.parked.fetch_sub(self.naps.release_sleepers(), AcqRel);
         // Handlers in `fork_mode` leave at once.
         zmem_os::fds::eventfd_signal(self.reopen_fd);
         // The evictor waits here (and the parent hook, for its fork to be served).

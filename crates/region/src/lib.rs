@@ -957,9 +957,7 @@ impl Drop for Region {
         // run); under the lock, so that no child forked meanwhile is left without them.
         shared.hand_off_children();
         shared.stop.store(true, Relaxed);
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to our eventfd.
-        unsafe { libc::write(shared.stop_fd, (&one as *const u64).cast(), 8) };
+        zmem_os::fds::eventfd_signal(shared.stop_fd);
         shared.kick_evictor();
         for t in self.threads.drain(..) {
             let _ = t.join();

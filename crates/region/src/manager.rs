@@ -767,10 +767,10 @@ impl Shared {
             let mut parked_asleep = false;
             if rc == 0 {
                 // A fork meanwhile parks this thread without waking it (`Naps`).
-                self.nap_begin(w);
+                self.naps.begin(w);
                 // SAFETY: fds is a valid array of pollfd of the given length.
                 rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout) };
-                parked_asleep = self.nap_end(w);
+                parked_asleep = self.naps.end(w);
             }
             if rc > 0 && fds[POLL_SPACES..].iter().any(|f| f.revents != 0) {
                 let now = Instant::now();
@@ -790,13 +790,9 @@ impl Shared {
                 // Not a stop: a fault that a program thread could not serve itself (signal
                 // route, see `signal::serve_by_handler`) woke us. Drain the count; should the
                 // stop have come meanwhile, leave it for the other handlers.
-                let mut n: u64 = 0;
-                // SAFETY: reading 8 bytes from our eventfd into `n`.
-                unsafe { libc::read(self.stop_fd, (&mut n as *mut u64).cast(), 8) };
+                zmem_os::fds::eventfd_drain(self.stop_fd);
                 if self.stop.load(Relaxed) {
-                    let one: u64 = 1;
-                    // SAFETY: as above, a write of 8 bytes.
-                    unsafe { libc::write(self.stop_fd, (&one as *const u64).cast(), 8) };
+                    zmem_os::fds::eventfd_signal(self.stop_fd);
                     break;
                 }
             }

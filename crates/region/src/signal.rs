@@ -453,9 +453,7 @@ fn serve_by_handler(shared: &Arc<Shared>, page: usize) {
         unsafe { libc::sched_yield() };
     };
     ASSIST_PENDING.fetch_add(1, SeqCst);
-    let one: u64 = 1;
-    // SAFETY: the region's stop eventfd, open while the region lives; 8 bytes from `one`.
-    unsafe { libc::write(shared.stop_fd, (&one as *const u64).cast(), 8) };
+    zmem_os::fds::eventfd_signal(shared.stop_fd);
     while slot.load(Acquire) == page {
         // SAFETY: as above.
         unsafe { libc::sched_yield() };
