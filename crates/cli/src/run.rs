@@ -124,9 +124,10 @@ pub struct RunArgs {
     /// back the buffers of system calls into the heap before they run; forked children ask the
     /// program's handler thread: see README, "The signal route"). auto (the default): signal
     /// when zmem runs with CAP_SYS_ADMIN (root), where the filter needs no promise to give up
-    /// set-user-ID execs; handler otherwise. A Go program linked with cgo (or any process that
-    /// exports cgo's entry points) takes the handler route whatever this says: its runtime puts
-    /// its signal stacks in its own heap.
+    /// set-user-ID execs; handler otherwise, and handler in a process that starts under a
+    /// tracer (a debugger's `run`, strace), which would stop at the signal route's signals. A
+    /// Go program linked with cgo (or any process that exports cgo's entry points) takes the
+    /// handler route whatever this says: its runtime puts its signal stacks in its own heap.
     #[arg(long, value_enum, default_value = "auto")]
     pub fault_route: FaultRouteArg,
     /// Which pages faulted back keep their compressed copy, so that evicted again unchanged
@@ -296,6 +297,7 @@ pub fn config(a: &RunArgs, report_dir: &Path, pid: u32) -> Result<RunConfig, Run
             FaultRouteArg::Auto | FaultRouteArg::Handler => FaultRoute::Handler,
             FaultRouteArg::Signal => FaultRoute::Signal,
         },
+        fault_route_auto: matches!(a.fault_route, FaultRouteArg::Auto),
         clean_copies: match a.clean_copies {
             CleanCopiesArg::Off => CleanCopies::Off,
             CleanCopiesArg::Ssd => CleanCopies::Ssd,

@@ -1614,8 +1614,9 @@ fn a_debugger_starts_its_program_from_an_evicted_heap() {
     let dir = tmpdir();
     let prog = compile("traced_child", dir.path(), &[]);
     // Every traced echo starts zmem at once (a small process would otherwise start it late,
-    // past its end, and meet no zmem signal to be told of).
-    let runs = ["signal", "handler"].map(|route| {
+    // past its end, and meet no zmem signal to be told of). `auto` (zmem run's default, the
+    // signal route as root) gives a process traced from its start the handler route.
+    let runs = ["signal", "handler", "auto"].map(|route| {
         let out = ok_at_4m_with(
             &["--start-at", "0"],
             route,
@@ -1637,8 +1638,8 @@ fn a_debugger_starts_its_program_from_an_evicted_heap() {
                 out.stdout
             );
         }
-        // The traced program is told once that its tracer sees zmem's signals (signal route
-        // only: the handler route serves faults without any).
+        // The traced program is told once that its tracer sees zmem's signals (the signal
+        // route chosen by the user only: the handler route serves faults without any).
         let told = out.stderr.matches("runs under a tracer").count();
         assert_eq!(
             told,
@@ -1646,6 +1647,15 @@ fn a_debugger_starts_its_program_from_an_evicted_heap() {
             "{route}: {}",
             out.stderr
         );
+        if route != "signal" {
+            // Nothing of zmem's for the tracer to stop at, though the tracer itself runs on
+            // the signal route with `auto` and its guard filter is inherited.
+            assert!(
+                out.stdout.contains("signals passed on: 0\n"),
+                "{route}: {}",
+                out.stdout
+            );
+        }
     }
 }
 

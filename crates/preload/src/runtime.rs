@@ -233,6 +233,17 @@ fn init() -> Result<(), InitError> {
             rc.fault_route = zmem_region::FaultRoute::Handler;
         }
     }
+    if rc.fault_route == zmem_region::FaultRoute::Signal {
+        let tracer = tracer_of("self");
+        if tracer != 0 && config.fault_route_auto {
+            tracing::debug!("started under a tracer (pid {tracer}): the handler route");
+            rc.fault_route = zmem_region::FaultRoute::Handler;
+        } else if tracer != 0 {
+            // Said before the guard is installed: its first trap would stop the program for
+            // the tracer before anything could explain it (gdb's `run` stopped at a SIGSYS).
+            say_traced(tracer);
+        }
+    }
     // A whole program on the signal route needs its system calls guarded (see zmem_region's
     // `guard` module).
     rc.guard_syscalls = rc.fault_route == zmem_region::FaultRoute::Signal;
@@ -300,9 +311,6 @@ fn init() -> Result<(), InitError> {
     if RUNTIME.set(rt).is_err() {
         return Err(fail("zmem started twice".into()));
     }
-    if zmem_region::guard::active() {
-        say_if_traced();
-    }
     // After the heap's part (mimalloc's arenas end inside it).
     let maps_start = base + heap_part as usize;
     crate::maps::init(maps_start, maps_start + maps_len as usize).map_err(fail)?;
@@ -334,28 +342,34 @@ fn is_go_with_cgo() -> bool {
     })
 }
 
-/// One line on stderr for a process started under a tracer (a debugger's `run`, `strace`) on
-/// the signal route: its faults and the guard's traps are signals, at each of which the
-/// tracer stops it (gdb by default stops and reports SIGBUS or SIGSYS, where the program
-/// itself saw nothing).
+/// The pid tracing process `pid` ("self" or a number), from its status; 0: none (or unknown).
+fn tracer_of(pid: &str) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// One line on stderr for a process started under a tracer (pid `tracer`: a debugger's `run`,
+/// `strace`) on the signal route by the user's choice (`--fault-route signal`; zmem's own
+/// choice takes the handler route there): its faults and the guard's traps are signals, at
+/// each of which the tracer stops it (gdb by default stops and reports SIGBUS or SIGSYS, where
+/// the program itself saw nothing).
 /// Said once per tracer: not again by a process whose parent has the same tracer (`strace -f`
 /// of a shell loop printed it for every process).
-fn say_if_traced() {
-    let tracer_of = |pid: &str| {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()?
-            .lines()
-            .find_map(|l| l.strip_prefix("TracerPid:"))
-            .and_then(|v| v.trim().parse::<u32>().ok())
-    };
-    let tracer = tracer_of("self").unwrap_or(0);
+fn say_traced(tracer: u32) {
     // SAFETY: getppid cannot fail.
     let parent = unsafe { libc::getppid() };
-    if tracer != 0 && tracer_of(&parent.to_string()) != Some(tracer) {
+    if tracer_of(&parent.to_string()) != tracer {
         eprintln!(
-            "zmem: {} (pid {}) runs under a tracer (pid {tracer}): zmem serves its evicted pages \
-             with SIGBUS and its system calls into them with SIGSYS, which the tracer sees; in \
-             gdb: handle SIGBUS SIGSYS nostop noprint pass (or run with --fault-route handler)",
+            "zmem: {} (pid {}) runs under a tracer (pid {tracer}) on the signal route: zmem \
+             serves its evicted pages with SIGBUS and its system calls into them with SIGSYS, \
+             which the tracer sees; in gdb: handle SIGBUS SIGSYS nostop noprint pass (or run \
+             with --fault-route auto or handler)",
             program_name(),
             // SAFETY: getpid cannot fail.
             unsafe { libc::getpid() }

@@ -51,6 +51,11 @@ pub const ENV_ASYNC_SETTLE: &str = "ZMEM_ASYNC_SETTLE";
 /// woken by the kernel) or `signal` (the faulting thread itself, with the syscall guard; see
 /// zmem_region's `FaultRoute` and `RegionConfig::guard_syscalls`).
 pub const ENV_FAULT_ROUTE: &str = "ZMEM_FAULT_ROUTE";
+/// `1`: the route in [`ENV_FAULT_ROUTE`] is zmem's choice (`--fault-route auto`), not the
+/// user's: a process that starts under a tracer (a debugger's `run`, `strace`) takes the
+/// handler route instead of the signal route, whose faults and traps are signals the tracer
+/// would stop at.
+pub const ENV_FAULT_ROUTE_AUTO: &str = "ZMEM_FAULT_ROUTE_AUTO";
 /// Which pages faulted back keep their compressed copy (`--clean-copies`): `off`, `ssd` (the
 /// default: those read back from the SSD log) or `all` (see zmem_region's `CleanCopies`).
 pub const ENV_CLEAN_COPIES: &str = "ZMEM_CLEAN_COPIES";
@@ -109,7 +114,7 @@ pub const ENV_STATS_FILE: &str = "ZMEM_STATS_FILE";
 pub const ENV_GUARD_FILTER: &str = "ZMEM_GUARD_FILTER";
 
 /// Every variable the library reads (for documentation and for clearing a test environment).
-pub const ALL_VARS: [&str; 29] = [
+pub const ALL_VARS: [&str; 30] = [
     ENV_RESIDENT,
     ENV_ADAPTIVE,
     ENV_SIZE,
@@ -121,6 +126,7 @@ pub const ALL_VARS: [&str; 29] = [
     ENV_COLOCATE,
     ENV_ASYNC_SETTLE,
     ENV_FAULT_ROUTE,
+    ENV_FAULT_ROUTE_AUTO,
     ENV_CLEAN_COPIES,
     ENV_VERIFY_PAGES,
     ENV_TRACE_PAGES,
@@ -196,6 +202,8 @@ pub struct RunConfig {
     pub inherit_fork: bool,
     pub async_settle: bool,
     pub fault_route: FaultRoute,
+    /// See [`ENV_FAULT_ROUTE_AUTO`].
+    pub fault_route_auto: bool,
     pub clean_copies: CleanCopies,
     /// See [`ENV_VERIFY_PAGES`].
     pub verify_pages: bool,
@@ -235,6 +243,7 @@ impl Default for RunConfig {
             inherit_fork: true,
             async_settle: true,
             fault_route: FaultRoute::Handler,
+            fault_route_auto: false,
             clean_copies: CleanCopies::Ssd,
             verify_pages: false,
             trace_pages: false,
@@ -338,6 +347,7 @@ impl RunConfig {
             Some(v) => FaultRoute::parse(&v)
                 .ok_or_else(|| invalid(ENV_FAULT_ROUTE, &v, "expected handler or signal"))?,
         };
+        c.fault_route_auto = flag(ENV_FAULT_ROUTE_AUTO, false)?;
         c.clean_copies = match get(ENV_CLEAN_COPIES).filter(|v| !v.is_empty()) {
             None => CleanCopies::default(),
             Some(v) => CleanCopies::parse(&v)
@@ -424,6 +434,9 @@ impl RunConfig {
         }
         if self.fault_route != FaultRoute::Handler {
             v.push((ENV_FAULT_ROUTE, self.fault_route.name().into()));
+        }
+        if self.fault_route_auto {
+            v.push((ENV_FAULT_ROUTE_AUTO, "1".into()));
         }
         if self.clean_copies != CleanCopies::default() {
             v.push((ENV_CLEAN_COPIES, self.clean_copies.name().into()));
@@ -883,6 +896,7 @@ mod tests {
             inherit_fork: false,
             async_settle: false,
             fault_route: FaultRoute::Signal,
+            fault_route_auto: true,
             clean_copies: CleanCopies::All,
             verify_pages: true,
             trace_pages: true,
