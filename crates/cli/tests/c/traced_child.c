@@ -1,9 +1,10 @@
 /* A debugger's `run` (gdb's): vfork, PTRACE_TRACEME in the child, then exec with the argument
  * and environment strings in the (evicted) heap; the parent traces the program like a debugger
  * that passes every signal on (the exec'd program runs under zmem too, and on the signal route
- * its faults and traps are signals its tracer sees: counted, "signals passed on"). On the signal route the child used to
- * fault on the parent's heap right after TRACEME, stop for its tracer, and the tracer, still
- * inside vfork, never let it go on: gdb hung at `run`. Usage: traced_child PROGRAM (an echo). */
+ * its faults and traps are signals its tracer sees: counted, "signals passed on"). On the
+ * signal route the child used to fault on the parent's heap right after TRACEME, stop for its
+ * tracer, and the tracer, still inside vfork, never let it go on: gdb hung at `run`.
+ * Usage: traced_child PROGRAM (an echo). */
 #include <string.h>
 #include <sys/ptrace.h>
 #include <sys/wait.h>
