@@ -266,8 +266,8 @@ unsafe fn map_new(hint: usize, len: usize, prot: c_int) -> Option<usize> {
     Some(at)
 }
 
-/// New writable memory is mapped as zero pages at once where the budget has room, so that the
-/// program's first touches are the kernel's cheap faults (see `Region::populate`).
+/// The start of new writable memory is mapped at once where the budget has room, so that the
+/// program's first touches take no fault (see `Region::populate`).
 unsafe fn populate(at: usize, len: usize, prot: c_int) {
     if prot & libc::PROT_WRITE == 0 {
         return;

@@ -828,12 +828,13 @@ impl Region {
         Ok(n)
     }
 
-    /// Maps the never-touched pages of `[offset, offset + len)` as zero pages now, a run at a
-    /// time, so that the program's first touches are the kernel's own cheap copy-on-write
-    /// faults instead of a round trip through a handler each (an allocator committing memory it
-    /// is about to use). Pinned pages always; others only while the budget has room below the
-    /// evictor's low-water mark, so populating never makes anything leave. Returns the pages
-    /// mapped. Does nothing in a forked child.
+    /// Maps the never-touched pages of `[offset, offset + len)` now, a run at a time, so that
+    /// the program's first touches take no fault at all instead of a round trip through a
+    /// handler each (an allocator committing memory it is about to use). Pinned pages always,
+    /// as the shared zero page (they are written sparsely: a write is the kernel's own
+    /// copy-on-write fault); others as zero-filled pages of their own, and only while the
+    /// budget has room below the evictor's low-water mark, so populating never makes anything
+    /// leave. Returns the pages mapped. Does nothing in a forked child.
     pub fn populate(&self, offset: usize, len: usize) -> Result<usize, RegionError> {
         let (first, last) = self.page_range("populate", offset, len)?;
         if !self.in_creator() {
@@ -878,11 +879,18 @@ impl Region {
             }
             // Held under the lock: a fault on these pages waits for it and then finds them
             // resident (the kernel maps nothing twice: EEXIST stops the run instead).
-            if s.uffd.zeropage(s.page_addr(i), (j - i) * PAGE).is_err() {
+            // Private zeroed pages for memory about to be written (a page of its own now
+            // instead of the zero page's second fault and TLB flush at the first write); the
+            // shared zero page for pinned ranges, which are written sparsely.
+            let map = |at: usize, len: usize| match pinned {
+                true => s.uffd.zeropage(s.page_addr(at), len),
+                false => s.uffd.copy_zeros(s.page_addr(at), len),
+            };
+            if map(i, (j - i) * PAGE).is_err() {
                 // Part of the run may be mapped: find out page by page (EEXIST: it is), then
                 // leave the rest to faults (an event is pending, or a page was mapped already).
                 for k in i..j {
-                    match s.uffd.zeropage(s.page_addr(k), PAGE) {
+                    match map(k, PAGE) {
                         Err(e) if e.code() != libc::EEXIST => break,
                         _ => {
                             inner.state.set(k, state::PageState::Faulting);

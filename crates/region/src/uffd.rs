@@ -44,6 +44,13 @@ pub const EVENT_UNMAP: u8 = 0x16;
 
 pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
 
+/// The source of `Uffd::copy_zeros`: never written, so reading it costs no memory of ours;
+/// page aligned, so the kernel copies whole pages.
+static ZEROS: Zeros = Zeros([0; 64 * 1024]);
+
+#[repr(C, align(4096))]
+struct Zeros([u8; 64 * 1024]);
+
 const REGISTER_MODE_MISSING: u64 = 1;
 
 #[repr(C)]
@@ -333,6 +340,21 @@ impl Uffd {
             ..Default::default()
         };
         ioctl(self.raw(), UFFDIO_COPY, &mut c)
+    }
+
+    /// Maps private zero-filled pages at the missing `dst` range (copies of `ZEROS`, a chunk at
+    /// a time) and wakes the waiters: for memory about to be written. The shared zero page
+    /// (`zeropage`) costs a second fault at the first write, and that fault's copy-on-write
+    /// flushes the TLB of every CPU the process runs on: an IPI while a zmem thread runs.
+    /// EEXIST: a page of the range is already mapped (the pages before it were filled).
+    pub fn copy_zeros(&self, dst: usize, len: usize) -> Result<(), Errno> {
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(ZEROS.0.len());
+            self.copy(dst + at, ZEROS.0.as_ptr(), n)?;
+            at += n;
+        }
+        Ok(())
     }
 
     /// Maps the shared zero page at the missing `dst` range and wakes the waiters.
