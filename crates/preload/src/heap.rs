@@ -935,9 +935,10 @@ unsafe extern "C" fn commit(
 /// zero pages cost no DRAM until written, and the region's stats count only written pinned
 /// pages.
 const POPULATE_PINNED: usize = 5 << 19;
-/// At most this much of a commit or a new mapping is mapped ahead of the first touches: more
-/// fills the budget with zero pages that must then be evicted (a JVM committing 400 MB at
-/// 1G: 44,520 evictions of zero pages, 1.4 s instead of 0.2 s).
+/// At most this much of a commit or a new mapping is mapped ahead of the first touches (as
+/// zeroed pages of the program's own, real memory at once): more fills the budget with pages
+/// nobody wrote that must then be evicted (a JVM committing 400 MB at 1G: 44,520 evictions of
+/// zero pages, 1.4 s instead of 0.2 s).
 pub const POPULATE_MAX: usize = 256 << 10;
 
 /// The region being handed to mimalloc (set only while `add_region` runs).
