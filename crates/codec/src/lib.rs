@@ -343,6 +343,50 @@ pub fn encode(
     })
 }
 
+/// Builds zmem's object for `input` from a payload another compressor produced (an
+/// accelerator's raw deflate stream or LZ4 block), under the same rule as [`encode`]: if the
+/// header and payload pass `reject_ratio`, the object is header + payload, otherwise the input
+/// is stored raw (`rejected`). The payload is not checked here: decode it before trusting it
+/// (the engine's verify step does). `codec` must be `Lz4` or `Deflate`, the formats an
+/// accelerator shares with the CPU codecs; `out` is cleared first.
+pub fn wrap_payload(
+    codec: CodecId,
+    input: &[u8],
+    payload: &[u8],
+    out: &mut Vec<u8>,
+    reject_ratio: f32,
+) -> Result<Encoded, CodecError> {
+    if input.is_empty() {
+        return Err(CodecError::EmptyInput);
+    }
+    if input.len() > MAX_INPUT_LEN {
+        return Err(CodecError::InputTooLarge(input.len()));
+    }
+    if !(reject_ratio > 0.0 && reject_ratio <= 1.0) {
+        return Err(CodecError::InvalidRejectRatio(reject_ratio));
+    }
+    if !matches!(codec, CodecId::Lz4 | CodecId::Deflate) {
+        return Err(CodecError::Corrupt {
+            codec: codec.name(),
+            reason: "only lz4 blocks and raw deflate streams can be wrapped".into(),
+        });
+    }
+    let budget = ((input.len() as f64) * f64::from(reject_ratio)) as usize;
+    let (id, body, rejected) = match HEADER_LEN + payload.len() <= budget && !payload.is_empty() {
+        true => (codec, payload, false),
+        false => (CodecId::Raw, input, true),
+    };
+    out.clear();
+    out.resize(HEADER_LEN + body.len(), 0);
+    let hdr = write_header(out, id, input.len(), None);
+    out[hdr..].copy_from_slice(body);
+    Ok(Encoded {
+        len: out.len(),
+        codec: id,
+        rejected,
+    })
+}
+
 /// Decompresses one object into `out`, which must hold the header's original length; returns
 /// that length. Every byte of `out[..len]` is written, or an error is returned.
 pub fn decode(obj: &[u8], dict: Option<&Dictionary>, out: &mut [u8]) -> Result<usize, CodecError> {

@@ -378,3 +378,47 @@ proptest! {
         }
     }
 }
+
+/// An accelerator's payload (here the CPU codec's own, header stripped) wrapped into zmem's
+/// object decodes to the input; one over the rejection rule, empty, or of a codec no
+/// accelerator shares is stored raw or refused.
+#[test]
+fn an_accelerators_payload_wraps_into_an_object_that_decodes() {
+    let input = sample_text(4096);
+    for codec in [Codec::LZ4, Codec::Deflate { level: 1 }] {
+        let mut enc = vec![0u8; max_encoded_len(input.len())];
+        let e = encode(codec, None, &input, &mut enc, 0.9).unwrap();
+        let payload = &enc[HEADER_LEN..e.len];
+        let mut obj = vec![1, 2, 3];
+        let w = wrap_payload(codec.id(), &input, payload, &mut obj, 0.9).unwrap();
+        assert_eq!((w.codec, w.rejected, w.len), (codec.id(), false, obj.len()));
+        assert_eq!(
+            &obj[..],
+            &enc[..e.len],
+            "{codec}: the same object as the CPU's"
+        );
+        let mut back = vec![0u8; input.len()];
+        assert_eq!(decode(&obj, None, &mut back).unwrap(), input.len());
+        assert_eq!(back, input);
+        // Over the rule (a payload as long as the input): raw.
+        let w = wrap_payload(codec.id(), &input, &input, &mut obj, 0.9).unwrap();
+        assert_eq!((w.codec, w.rejected), (CodecId::Raw, true));
+        decode(&obj, None, &mut back).unwrap();
+        assert_eq!(back, input);
+        // An empty payload (an accelerator that wrote nothing): raw, never an empty object.
+        let w = wrap_payload(codec.id(), &input, &[], &mut obj, 0.9).unwrap();
+        assert_eq!(w.codec, CodecId::Raw);
+    }
+    let mut obj = Vec::new();
+    assert!(wrap_payload(CodecId::Zstd, &input, &[1], &mut obj, 0.9).is_err());
+    assert_eq!(
+        wrap_payload(CodecId::Lz4, &[], &[1], &mut obj, 0.9),
+        Err(CodecError::EmptyInput)
+    );
+    assert!(wrap_payload(CodecId::Lz4, &input, &[1], &mut obj, 0.0).is_err());
+    // A payload that is garbage wraps (nothing checks it here) and fails to decode.
+    let w = wrap_payload(CodecId::Deflate, &input, &[0xff; 100], &mut obj, 0.9).unwrap();
+    assert_eq!(w.codec, CodecId::Deflate);
+    let mut back = vec![0u8; input.len()];
+    assert!(decode(&obj, None, &mut back).is_err());
+}

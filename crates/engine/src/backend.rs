@@ -17,6 +17,9 @@ pub enum Rejected {
     Saturated(Vec<Job>),
     /// The backend failed; counts towards taking it out of service.
     Failed(Vec<Job>, BackendError),
+    /// Jobs the backend cannot do (a codec it does not have): the CPU takes them, and nothing
+    /// counts against the backend.
+    Unsupported(Vec<Job>),
 }
 
 pub trait Backend: Send + Sync {

@@ -54,6 +54,9 @@ pub enum EngineError {
     Shutdown,
     #[error("invalid engine configuration: {0}")]
     Config(String),
+    /// An accelerator could not finish a job it had taken (the engine redoes it on the CPU).
+    #[error("accelerator: {0}")]
+    Backend(#[from] BackendError),
 }
 
 /// Engine settings.
@@ -270,6 +273,9 @@ impl Engine {
                     }
                     Err(Rejected::Saturated(jobs)) => {
                         s.counters.saturated.fetch_add(1, Ordering::Relaxed);
+                        return s.cpu.submit_jobs(jobs, sink);
+                    }
+                    Err(Rejected::Unsupported(jobs)) => {
                         return s.cpu.submit_jobs(jobs, sink);
                     }
                     Err(Rejected::Failed(jobs, err)) => {

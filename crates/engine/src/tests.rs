@@ -24,6 +24,7 @@ fn page(seed: u64) -> Arc<[u8]> {
 struct FaultyBackend {
     refuse_submit: AtomicBool,
     saturated: AtomicBool,
+    unsupported: AtomicBool,
     fail_jobs: AtomicBool,
     corrupt: AtomicBool,
     in_flight: AtomicUsize,
@@ -40,6 +41,9 @@ impl Backend for FaultyBackend {
         }
         if self.saturated.load(Ordering::SeqCst) {
             return Err(Rejected::Saturated(jobs));
+        }
+        if self.unsupported.load(Ordering::SeqCst) {
+            return Err(Rejected::Unsupported(jobs));
         }
         self.accepted.fetch_add(jobs.len(), Ordering::SeqCst);
         self.in_flight.fetch_add(jobs.len(), Ordering::SeqCst);
@@ -279,6 +283,23 @@ fn refused_and_saturated_submits_run_on_the_cpu() {
         "two refused batches before it was taken out: {s:?}"
     );
     assert!(!s.backend_healthy);
+    assert_eq!(backend.accepted.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn jobs_a_backend_cannot_do_run_on_the_cpu_and_count_nothing_against_it() {
+    let backend = Arc::new(FaultyBackend::default());
+    let engine = Engine::with_accelerator(cfg(), backend.clone()).unwrap();
+    backend.unsupported.store(true, Ordering::SeqCst);
+    run_batches(&engine, 0, 64, 16, Codec::Zstd { level: 1 });
+    let s = engine.stats();
+    assert_eq!(
+        (s.fallbacks, s.saturated, s.jobs_offloaded),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    assert_eq!(s.jobs_cpu, 64);
+    assert!(s.backend_healthy);
     assert_eq!(backend.accepted.load(Ordering::SeqCst), 0);
 }
 
