@@ -26,6 +26,13 @@ pub struct CodecsArgs {
     /// JSON output.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Where the blocks are compressed: the CPU codecs (one thread, beside the bare
+    /// libraries), or the accelerator backend in batches (lz4, deflate-1, deflate-6).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: crate::offload::BackendKind,
+    /// Blocks per batch handed to the accelerator backend.
+    #[arg(long, default_value_t = 1024)]
+    pub batch: usize,
 }
 
 const CODECS: [&str; 6] = ["lz4", "zstd-1", "zstd-3", "deflate-1", "deflate-6", "raw"];
@@ -56,7 +63,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs `pass` repeatedly and returns the median seconds per pass.
-fn time_passes(mut pass: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+pub(crate) fn time_passes(mut pass: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     let mut times = Vec::new();
     let start = Instant::now();
     while times.len() < MIN_PASSES || start.elapsed().as_secs_f64() < MIN_SECONDS {
@@ -149,6 +156,9 @@ pub fn run(args: &CodecsArgs) -> anyhow::Result<()> {
             );
         }
     }
+    if args.backend != crate::offload::BackendKind::Cpu {
+        return run_offload(args, &corpus);
+    }
     let codecs: Vec<Codec> = CODECS
         .iter()
         .map(|c| c.parse::<Codec>())
@@ -239,6 +249,63 @@ pub fn run(args: &CodecsArgs) -> anyhow::Result<()> {
                 "bench": "codecs",
                 "machine": MachineInfo::collect(),
                 "corpus": corpus_info(&corpus),
+                "reject_ratio": DEFAULT_REJECT_RATIO,
+                "rows": rows,
+            }),
+        )?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The table and JSON of `--backend gpu|sim`.
+fn run_offload(args: &CodecsArgs, corpus: &Corpus) -> anyhow::Result<()> {
+    if args.batch == 0 || args.batch > 65536 {
+        anyhow::bail!("--batch {} is out of range (1..=65536)", args.batch);
+    }
+    let pb = progress_bar(args.block.len() as u64, "bench codecs (offload)".into());
+    let mut rows = Vec::new();
+    for &bs in &args.block {
+        pb.set_message(format!("{:?} {}", args.backend, format_size(bs as u64)));
+        let blocks: Vec<&[u8]> = corpus.bytes().chunks_exact(bs).collect();
+        rows.extend(crate::offload::rows(args.backend, &blocks, bs, args.batch)?);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    println!(
+        "{:<8} {:<10} {:>6} {:>6} {:>7} {:>10} {:>13} {:>9} {:>9}",
+        "backend",
+        "codec",
+        "block",
+        "batch",
+        "ratio",
+        "MB/s",
+        "host CPU s/GiB",
+        "bus B/B",
+        "rejected"
+    );
+    for r in &rows {
+        println!(
+            "{:<8} {:<10} {:>6} {:>6} {:>7.3} {:>10.0} {:>13.3} {:>9.2} {:>9}",
+            r.backend,
+            r.codec,
+            format_size(r.block as u64),
+            r.batch,
+            r.ratio,
+            r.compress_mb_s,
+            r.host_cpu_s_per_gib,
+            r.bus_bytes_per_byte,
+            r.rejected_blocks
+        );
+    }
+    if let Some(path) = &args.json {
+        write_json(
+            path,
+            &serde_json::json!({
+                "bench": "codecs",
+                "backend": format!("{:?}", args.backend).to_lowercase(),
+                "machine": MachineInfo::collect(),
+                "corpus": corpus_info(corpus),
                 "reject_ratio": DEFAULT_REJECT_RATIO,
                 "rows": rows,
             }),

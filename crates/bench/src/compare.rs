@@ -206,6 +206,7 @@ fn run_all(
                 policy: policy.clone(),
                 block: args.block,
                 mem_limit: None,
+                backend: crate::offload::BackendKind::Cpu,
             };
             let target = match zmem_target::open(&cfg) {
                 Ok(t) => t,

@@ -25,6 +25,7 @@ pub mod compare;
 pub mod heaps;
 pub mod kv;
 pub mod memcached;
+pub mod offload;
 pub mod pages;
 pub mod programs;
 pub mod redis;

@@ -58,6 +58,11 @@ pub struct PagesArgs {
     /// Algorithm for a /dev/zramN target (configured for the run, reset after).
     #[arg(long, default_value = "lz4")]
     pub zram_alg: String,
+    /// zmem target: an accelerator backend for the store's batched writes (`--bs` of 64k or
+    /// more), the CPU taking what it hands back; `sim` is the GPU backend over a simulated
+    /// device (checks the path; its speed means nothing).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: crate::offload::BackendKind,
 }
 
 /// Seed of the random permutations (job j uses SEED + j): runs are reproducible.
@@ -660,6 +665,7 @@ pub fn run_command(args: &PagesArgs) -> anyhow::Result<()> {
             policy: args.policy.clone(),
             block: args.block,
             mem_limit: args.mem_limit,
+            backend: args.backend,
         })?;
         run(target.as_ref(), &corpus, &spec)?
     } else {

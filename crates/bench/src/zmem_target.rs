@@ -14,12 +14,15 @@ pub struct ZmemTargetConfig {
     /// Multi-page block bytes.
     pub block: Option<usize>,
     pub mem_limit: Option<u64>,
+    /// Where batched writes are compressed (`pages --backend`).
+    pub backend: crate::offload::BackendKind,
 }
 
 struct ZmemTarget {
     store: PageStore,
     size: u64,
     name: String,
+    gpu: Option<std::sync::Arc<zmem_gpu::GpuBackend>>,
 }
 
 const PAGE: u64 = zmem_os::PAGE_SIZE as u64;
@@ -41,15 +44,25 @@ pub fn open(cfg: &ZmemTargetConfig) -> anyhow::Result<Box<dyn PageTarget>> {
         // Pages untouched for a second are recompressed in the background.
         sc.recompress_interval = Some(std::time::Duration::from_secs(1));
     }
+    let gpu = crate::offload::open_backend(cfg.backend, zmem_gpu::GpuConfig::default())?
+        .map(std::sync::Arc::new);
+    if let Some(g) = &gpu {
+        eprintln!("zmem: accelerator: {}", g.describe());
+        sc.accelerator = Some(zmem_engine::SharedBackend(g.clone()));
+    }
     let store = PageStore::new(sc).context("creating the zmem page store")?;
-    let name = match block_pages {
+    let mut name = match block_pages {
         1 => format!("zmem {policy}"),
         n => format!("zmem {policy} {}k-blocks", n * 4),
     };
+    if gpu.is_some() {
+        name.push_str(&format!(" ({:?})", cfg.backend).to_lowercase());
+    }
     Ok(Box::new(ZmemTarget {
         store,
         size: cfg.size,
         name,
+        gpu,
     }))
 }
 
@@ -127,6 +140,16 @@ impl PageTarget for ZmemTarget {
             "pool_fragmentation": s.pool.fragmentation(),
             "pool_spans": s.pool.spans,
             "codecs": codecs,
+            "accelerator": self.gpu.as_ref().map(|g| {
+                let st = g.stats();
+                serde_json::json!({
+                    "device": g.describe(), "batches": st.batches, "pages": st.pages,
+                    "bytes_to_device": st.to_device, "bytes_to_host": st.to_host,
+                    "batch_failures": st.batch_failures, "page_failures": st.page_failures,
+                    "resets": st.resets, "busy_seconds": st.busy_ns as f64 / 1e9,
+                    "last_error": st.last_error,
+                })
+            }),
         })
     }
 }

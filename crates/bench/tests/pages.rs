@@ -239,6 +239,7 @@ fn auto_reports_its_settled_state_and_the_other_policies_do_not() {
             policy: policy.into(),
             block: None,
             mem_limit: None,
+            backend: zmem_bench::offload::BackendKind::Cpu,
         })
         .unwrap();
         let r = pages::run(t.as_ref(), &c, &s).unwrap();

@@ -37,6 +37,7 @@ pub fn run(corpus: &Corpus, size: u64) -> anyhow::Result<()> {
             policy: policy.into(),
             block: None,
             mem_limit: None,
+            backend: zmem_bench::offload::BackendKind::Cpu,
         })?;
         let r = pages::run(target.as_ref(), corpus, &spec)?;
         pages::verify_contents(target.as_ref(), corpus, &spec)?;

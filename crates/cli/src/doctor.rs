@@ -60,6 +60,8 @@ pub struct Probes {
     /// Whether zmem runs with CAP_SYS_ADMIN (`zmem run --fault-route auto` takes the signal
     /// route then).
     pub sys_admin: fn() -> bool,
+    /// The GPU backend: the device and libraries, or why there is none.
+    pub gpu: fn() -> Result<String, String>,
 }
 
 impl Probes {
@@ -74,6 +76,7 @@ impl Probes {
             preload: || crate::run::find_library(None).map_err(|e| e.to_string()),
             meminfo: "/proc/meminfo".into(),
             sys_admin: || zmem_os::caps::effective(zmem_os::caps::SYS_ADMIN),
+            gpu: || zmem_gpu::probe(&zmem_gpu::GpuConfig::default()).map_err(|e| e.to_string()),
         }
     }
 }
@@ -293,6 +296,20 @@ pub fn checks(p: &Probes) -> Vec<Check> {
         ),
     });
 
+    out.push(match (p.gpu)() {
+        Ok(desc) => ok(
+            "gpu",
+            false,
+            format!("{desc}: the accelerator backend (`zmem bench codecs --backend gpu`)"),
+        ),
+        Err(why) => bad(
+            "gpu",
+            false,
+            format!("no accelerator, the CPU compresses: {why}"),
+            "optional: an NVIDIA GPU with its driver, and nvCOMP 6 (`pip install nvidia-libnvcomp-cu13`, or ZMEM_NVCOMP_LIB)",
+        ),
+    });
+
     out.push(match meminfo(&p.meminfo) {
         Some((total, avail)) => ok(
             "memory",
@@ -432,6 +449,7 @@ mod tests {
             preload: || Ok("/usr/lib/zmem/libzmem_preload.so".into()),
             meminfo: dir.join("meminfo"),
             sys_admin: || true,
+            gpu: || Ok("NVIDIA H200 (device 0), nvCOMP 6.0.0".into()),
         }
     }
 
@@ -448,6 +466,19 @@ mod tests {
         let text = render(&c);
         assert!(text.contains("everything zmem needs is here"), "{text}");
         assert!(find(&c, "memory").detail.contains("7.6G total"), "{text}");
+    }
+
+    #[test]
+    fn a_machine_without_a_gpu_warns_and_says_what_is_missing() {
+        let t = tempfile::tempdir().unwrap();
+        let mut p = healthy(t.path());
+        p.gpu = || Err("the NVIDIA driver's CUDA library not found (tried libcuda.so.1)".into());
+        let c = checks(&p);
+        let g = find(&c, "gpu");
+        assert_eq!(g.status, Status::Warn);
+        assert!(g.detail.contains("libcuda.so.1"), "{}", g.detail);
+        assert!(g.fix.contains("nvidia-libnvcomp-cu13"), "{}", g.fix);
+        assert_eq!(exit_status(&c), 0, "optional");
     }
 
     #[test]

@@ -30,3 +30,14 @@ pub trait Backend: Send + Sync {
     /// Returns once every accepted job has completed.
     fn drain(&self);
 }
+
+/// An accelerator backend to hand to whoever builds an engine (a store's configuration), with
+/// the `Clone` and `Debug` those configurations need.
+#[derive(Clone)]
+pub struct SharedBackend(pub std::sync::Arc<dyn Backend>);
+
+impl std::fmt::Debug for SharedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBackend({})", self.0.name())
+    }
+}

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use zmem_codec::{Codec, CodecError, CodecId, Dictionary, Encoded};
 
-pub use backend::{Backend, BackendError, Rejected};
+pub use backend::{Backend, BackendError, Rejected, SharedBackend};
 pub use cpu::CpuBackend;
 pub use policy::{Policy, PolicyError};
 

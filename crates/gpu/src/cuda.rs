@@ -65,7 +65,7 @@ impl Driver {
             "ZMEM_CUDA_LIB",
             &["libcuda.so.1", "libcuda.so"],
             &[],
-            "this machine has no NVIDIA driver (the GPU backend needs one; the CPU compresses)",
+            "this machine has no NVIDIA driver",
         )?;
         // SAFETY: each type below is the function's signature in cuda.h (the _v2 names are
         // the ones cuda.h maps the plain names to).

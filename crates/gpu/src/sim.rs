@@ -65,9 +65,16 @@ impl SimDevice {
     /// What the CPU codec makes of `input`, without zmem's header; for input it cannot
     /// shrink, a payload longer than the input (as a GPU's stored deflate blocks are).
     fn payload(codec: GpuCodec, input: &[u8]) -> Vec<u8> {
+        // nvCOMP's deflate algorithms by the zlib level each aims to beat.
         let cpu = match codec {
             GpuCodec::Lz4 => Codec::LZ4,
-            GpuCodec::Deflate { .. } => Codec::Deflate { level: 1 },
+            GpuCodec::Deflate { algorithm } => Codec::Deflate {
+                level: match algorithm {
+                    ..=3 => 1,
+                    4 => 6,
+                    _ => 9,
+                },
+            },
         };
         let mut out = vec![0u8; zmem_codec::max_encoded_len(input.len())];
         let enc = zmem_codec::encode(cpu, None, input, &mut out, 1.0).expect("valid input");

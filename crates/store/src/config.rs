@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use zmem_codec::{CodecError, Dictionary};
-use zmem_engine::{EngineConfig, EngineError, Policy};
+use zmem_engine::{EngineConfig, EngineError, Policy, SharedBackend};
 use zmem_pool::PoolError;
 
 /// Errors of the page store. A failed call changes nothing unless its doc says otherwise.
@@ -84,6 +84,10 @@ pub struct StoreConfig {
     /// Trained zstd dictionary used by zstd-based policies.
     pub dictionary: Option<Arc<Dictionary>>,
     pub engine: EngineConfig,
+    /// An accelerator (the GPU backend) that takes the batches of asynchronous writes of at
+    /// least `engine.offload_min_bytes`; the CPU takes everything else and whatever it hands
+    /// back or fails.
+    pub accelerator: Option<SharedBackend>,
     /// With `Policy::Auto`: every interval, pages idle since the last pass are recompressed
     /// with the cold codec into blocks (zram's idle recompression).
     pub recompress_interval: Option<Duration>,
@@ -113,6 +117,7 @@ impl StoreConfig {
             block_pages: 1,
             dictionary: None,
             engine: EngineConfig::default(),
+            accelerator: None,
             recompress_interval: None,
             lower: None,
             entropy_later: false,

@@ -172,7 +172,10 @@ impl PageStore {
         if let Some(l) = &cfg.lower {
             l.validate(cfg.mem_limit)?;
         }
-        let engine = Engine::new(cfg.engine.clone())?;
+        let engine = match &cfg.accelerator {
+            Some(a) => Engine::with_accelerator(cfg.engine.clone(), a.0.clone())?,
+            None => Engine::new(cfg.engine.clone())?,
+        };
         // Zeroed, not written: untouched pages cost no DRAM.
         let slots = Slot::table(cfg.pages as usize).map_err(|e| StoreError::SlotTable {
             pages: cfg.pages,

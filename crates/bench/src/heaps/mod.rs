@@ -300,6 +300,7 @@ fn measure(args: &HeapsArgs, program: &str, capture: CaptureInfo) -> anyhow::Res
             policy: policy.clone(),
             block: None,
             mem_limit: None,
+            backend: crate::offload::BackendKind::Cpu,
         })?;
         let run = verified_write(target.as_ref(), &corpus, &spec)?;
         let settled = run.settled.as_ref().and_then(|s| s.ratio_mem_used);
