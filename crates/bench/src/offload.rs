@@ -54,8 +54,12 @@ pub fn open_backend(kind: BackendKind, cfg: GpuConfig) -> anyhow::Result<Option<
             .map(Some)
             .map_err(|e| anyhow::anyhow!("--backend gpu: no GPU backend on this machine: {e}")),
         BackendKind::Sim => {
-            let (device, _) = zmem_gpu::sim::SimDevice::new(&cfg);
-            Ok(Some(GpuBackend::with_device(device, cfg)?))
+            let (first, faults) = zmem_gpu::sim::SimDevice::new(&cfg);
+            let mut devices = vec![first];
+            for _ in 1..cfg.streams {
+                devices.push(zmem_gpu::sim::SimDevice::sharing(&cfg, faults.clone()));
+            }
+            Ok(Some(GpuBackend::with_devices(devices, cfg)?))
         }
         BackendKind::Cpu => Ok(None),
     }

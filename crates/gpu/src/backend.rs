@@ -1,6 +1,6 @@
-//! `GpuBackend`: the engine's accelerator backend over a `Device`. Batches wait in a short
-//! queue (full: `Saturated`, the CPU takes the batch); one worker thread feeds the device and
-//! delivers every job's completion to the engine's sink, an object in zmem's format or the
+//! `GpuBackend`: the engine's accelerator backend over `Device`s. Batches wait in a short
+//! queue (full: `Saturated`, the CPU takes the batch); one worker thread per device (a stream
+//! of its own on the GPU) feeds it and delivers every job's completion to the engine's sink, an object in zmem's format or the
 //! device's error (the engine then redoes the job on the CPU). A failure that loses the
 //! device's context is followed by a reset before the next batch.
 
@@ -80,22 +80,44 @@ pub struct GpuBackend {
     tx: Option<Sender<Work>>,
     queue: Arc<Queue>,
     counters: Arc<Counters>,
-    worker: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
     description: String,
     max_chunk_bytes: usize,
     queue_batches: usize,
 }
 
 impl GpuBackend {
-    /// The nvCOMP backend on device `cfg.device`, or why there is none.
+    /// The nvCOMP backend on device `cfg.device` (`cfg.streams` batches in flight), or why
+    /// there is none.
     pub fn open(cfg: GpuConfig) -> Result<GpuBackend, GpuError> {
-        let device = crate::CudaDevice::open(cfg.clone())?;
-        Self::with_device(device, cfg)
+        let devices = crate::CudaDevice::open_many(cfg.clone(), cfg.streams)?;
+        Self::with_devices(devices, cfg)
     }
 
-    /// A backend over any device (the test device, or a CudaDevice opened by the caller).
+    /// A backend over one device (the test device, or a CudaDevice opened by the caller).
     pub fn with_device<D: Device>(device: D, cfg: GpuConfig) -> Result<GpuBackend, GpuError> {
+        Self::with_devices(vec![device], cfg)
+    }
+
+    /// A backend with one thread per device, all taking batches from one queue.
+    pub fn with_devices<D: Device>(
+        devices: Vec<D>,
+        cfg: GpuConfig,
+    ) -> Result<GpuBackend, GpuError> {
         cfg.validate()?;
+        let Some(first) = devices.first() else {
+            return Err(GpuError::Config("no device to run on".into()));
+        };
+        let description = match devices.len() {
+            1 => first.describe(),
+            n => format!("{}, {n} batches in flight", first.describe()),
+        };
+        let max_chunk_bytes = devices
+            .iter()
+            .map(|d| d.max_chunk_bytes())
+            .min()
+            .unwrap_or(0)
+            .min(cfg.max_chunk_bytes);
         let (tx, rx) = crossbeam_channel::unbounded();
         let queue = Arc::new(Queue {
             pending: AtomicUsize::new(0),
@@ -103,21 +125,29 @@ impl GpuBackend {
             idle: Condvar::new(),
         });
         let counters = Arc::new(Counters::default());
-        let description = device.describe();
-        let max_chunk_bytes = device.max_chunk_bytes().min(cfg.max_chunk_bytes);
-        let worker = {
-            let (queue, counters) = (queue.clone(), counters.clone());
+        let mut workers = Vec::with_capacity(devices.len());
+        for (i, device) in devices.into_iter().enumerate() {
+            let (queue, counters, rx) = (queue.clone(), counters.clone(), rx.clone());
             let reject = cfg.reject_ratio;
-            std::thread::Builder::new()
-                .name("zmem-gpu".into())
-                .spawn(move || work(device, rx, &queue, &counters, reject))
-                .map_err(|e| GpuError::Config(format!("cannot start the GPU thread: {e}")))?
-        };
+            let spawned = std::thread::Builder::new()
+                .name(format!("zmem-gpu-{i}"))
+                .spawn(move || work(device, rx, &queue, &counters, reject));
+            match spawned {
+                Ok(w) => workers.push(w),
+                Err(e) => {
+                    drop(tx); // the threads already started end
+                    for w in workers {
+                        let _ = w.join();
+                    }
+                    return Err(GpuError::Config(format!("cannot start a GPU thread: {e}")));
+                }
+            }
+        }
         Ok(GpuBackend {
             tx: Some(tx),
             queue,
             counters,
-            worker: Some(worker),
+            workers,
             description,
             max_chunk_bytes,
             queue_batches: cfg.queue_batches,
@@ -199,8 +229,8 @@ impl Backend for GpuBackend {
 
 impl Drop for GpuBackend {
     fn drop(&mut self) {
-        self.tx = None; // the worker ends after the batches already queued
-        if let Some(w) = self.worker.take() {
+        self.tx = None; // the workers end after the batches already queued
+        for w in self.workers.drain(..) {
             let _ = w.join();
         }
     }

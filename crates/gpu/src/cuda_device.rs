@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use parking_lot::RwLock;
+
 use crate::cuda::{CuContext, CuDevice, CuDevicePtr, CuStream, DeviceInfo, Driver};
 use crate::device::{batch_bytes, Device, Transfer, ALIGN};
 use crate::nvcomp::{CompressArgs, Nvcomp};
@@ -64,7 +66,17 @@ struct Buffers {
     out_bytes: usize,
 }
 
+/// Orders a context reset against the batches of the other devices opened with this one: a
+/// batch runs under the read side; a reset takes the write side and bumps the epoch, and a
+/// device that finds a newer epoch knows its buffers went with the old context.
+struct Gate {
+    epoch: RwLock<u64>,
+}
+
 pub struct CudaDevice {
+    gate: Arc<Gate>,
+    /// The gate's epoch this device's buffers belong to.
+    epoch: u64,
     driver: Arc<Driver>,
     nvcomp: Arc<Nvcomp>,
     info: DeviceInfo,
@@ -87,27 +99,43 @@ unsafe impl Send for CudaDevice {}
 impl CudaDevice {
     /// Loads the driver and nvCOMP, opens device `cfg.device`, and allocates a batch's buffers.
     pub fn open(cfg: GpuConfig) -> Result<CudaDevice, GpuError> {
+        let mut v = Self::open_many(cfg, 1)?;
+        Ok(v.remove(0))
+    }
+
+    /// `n` devices on the same GPU and context, each with its own stream and buffers, so that
+    /// `n` batches can be in flight (one per backend thread).
+    pub fn open_many(cfg: GpuConfig, n: usize) -> Result<Vec<CudaDevice>, GpuError> {
         cfg.validate()?;
         let driver = Arc::new(Driver::load()?);
         let nvcomp = Arc::new(Nvcomp::load()?);
         let (dev, info) = driver.device(cfg.device)?;
-        let mut d = CudaDevice {
-            driver,
-            nvcomp,
-            info,
-            dev,
-            ctx: std::ptr::null_mut(),
-            stream: std::ptr::null_mut(),
-            meta: Meta {
-                chunks: cfg.max_chunks,
-            },
-            cfg,
-            bufs: None,
-            prepared: HashMap::new(),
-            max_out: HashMap::new(),
-        };
-        d.setup()?;
-        Ok(d)
+        let gate = Arc::new(Gate {
+            epoch: RwLock::new(0),
+        });
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n.max(1) {
+            let mut d = CudaDevice {
+                gate: gate.clone(),
+                epoch: 0,
+                driver: driver.clone(),
+                nvcomp: nvcomp.clone(),
+                info: info.clone(),
+                dev,
+                ctx: std::ptr::null_mut(),
+                stream: std::ptr::null_mut(),
+                meta: Meta {
+                    chunks: cfg.max_chunks,
+                },
+                cfg: cfg.clone(),
+                bufs: None,
+                prepared: HashMap::new(),
+                max_out: HashMap::new(),
+            };
+            d.setup()?;
+            out.push(d);
+        }
+        Ok(out)
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -162,10 +190,16 @@ impl CudaDevice {
         r
     }
 
-    fn teardown(&mut self) {
+    /// Frees what this device allocated and releases its hold on the context. `free: false`
+    /// after another device reset the context: the buffers and the stream went with it.
+    fn teardown(&mut self, free: bool) {
         let drv = &self.driver;
         if !self.ctx.is_null() {
             let _ = drv.set_current(self.ctx);
+        }
+        if !free {
+            self.bufs = None;
+            self.stream = std::ptr::null_mut();
         }
         if let Some(b) = self.bufs.take() {
             for p in [b.h_in, b.h_out, b.h_meta] {
@@ -229,7 +263,8 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
-        self.teardown();
+        let current = *self.gate.epoch.read() == self.epoch;
+        self.teardown(current);
     }
 }
 
@@ -285,6 +320,13 @@ impl Device for CudaDevice {
                 "{n} inputs of up to {max_chunk} bytes exceed the {}-byte staging area",
                 self.cfg.staging_bytes
             )));
+        }
+        let gate = self.gate.clone();
+        let epoch = gate.epoch.read();
+        if *epoch != self.epoch {
+            // Another device reset the context since this one last ran.
+            self.teardown(false);
+            self.epoch = *epoch;
         }
         if self.bufs.is_none() || self.stream.is_null() {
             self.setup()?;
@@ -357,9 +399,18 @@ impl Device for CudaDevice {
     }
 
     fn reset(&mut self) -> Result<(), GpuError> {
-        self.teardown();
-        // A sticky error poisons the whole context: only a reset of it gives a usable one.
-        self.driver.reset_primary(self.dev)?;
+        let gate = self.gate.clone();
+        let mut epoch = gate.epoch.write();
+        if *epoch != self.epoch {
+            // Another device reset the context after this one's failure: set up again.
+            self.teardown(false);
+        } else {
+            self.teardown(true);
+            // A sticky error poisons the whole context: only a reset of it gives a usable one.
+            self.driver.reset_primary(self.dev)?;
+            *epoch += 1;
+        }
+        self.epoch = *epoch;
         self.setup()
     }
 }

@@ -47,6 +47,10 @@ pub struct GpuConfig {
     pub staging_bytes: usize,
     /// Batches accepted and waiting before a new one is handed back (`Saturated`).
     pub queue_batches: usize,
+    /// Batches in flight at once: one backend thread per stream, each with its own stream and
+    /// staging buffers on the same device, so that one packs and unpacks on the host (and the
+    /// engine verifies) while another's batch is on the device.
+    pub streams: usize,
     /// The rejection rule applied to the device's output, as on the CPU.
     pub reject_ratio: f32,
 }
@@ -59,6 +63,7 @@ impl Default for GpuConfig {
             max_chunk_bytes: 64 * 1024,
             staging_bytes: 8 << 20,
             queue_batches: 4,
+            streams: 2,
             reject_ratio: zmem_codec::DEFAULT_REJECT_RATIO,
         }
     }
@@ -81,6 +86,9 @@ impl GpuConfig {
                 "staging_bytes {} (from max_chunk_bytes to 1 GiB)",
                 self.staging_bytes
             ));
+        }
+        if !(1..=16).contains(&self.streams) {
+            return bad(format!("streams {} (1..=16)", self.streams));
         }
         if self.queue_batches == 0 {
             return bad("queue_batches 0 (at least 1)".into());

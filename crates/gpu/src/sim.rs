@@ -24,6 +24,9 @@ pub struct SimFaults {
     pub corrupt_every: AtomicUsize,
     /// Resets fail while set.
     pub reset_fails: AtomicBool,
+    /// The context is lost (set by a `lose_context` failure, cleared by a reset): shared by
+    /// every device made with these faults, as a GPU context is by its streams.
+    pub lost: AtomicBool,
     /// The next batch answers for one page fewer than it was given.
     pub drop_one: AtomicBool,
     /// Batches wait while set (a busy device: the queue fills).
@@ -42,24 +45,23 @@ pub struct SimDevice {
     max_chunks: usize,
     max_chunk_bytes: usize,
     max_batch_bytes: usize,
-    /// Lost until reset, like a real context after a sticky error.
-    lost: bool,
 }
 
 impl SimDevice {
     /// A device of the geometry `cfg` asks for.
     pub fn new(cfg: &crate::GpuConfig) -> (SimDevice, Arc<SimFaults>) {
         let faults = Arc::new(SimFaults::default());
-        (
-            SimDevice {
-                faults: faults.clone(),
-                max_chunks: cfg.max_chunks,
-                max_chunk_bytes: cfg.max_chunk_bytes,
-                max_batch_bytes: cfg.staging_bytes,
-                lost: false,
-            },
+        (Self::sharing(cfg, faults.clone()), faults)
+    }
+
+    /// Another device on the same simulated GPU (one more stream): the faults are shared.
+    pub fn sharing(cfg: &crate::GpuConfig, faults: Arc<SimFaults>) -> SimDevice {
+        SimDevice {
             faults,
-        )
+            max_chunks: cfg.max_chunks,
+            max_chunk_bytes: cfg.max_chunk_bytes,
+            max_batch_bytes: cfg.staging_bytes,
+        }
     }
 
     /// What the CPU codec makes of `input`, without zmem's header; for input it cannot
@@ -112,8 +114,8 @@ impl Device for SimDevice {
         while f.hold.load(SeqCst) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        if self.lost || take(&f.lose_context) {
-            self.lost = true;
+        if f.lost.load(SeqCst) || take(&f.lose_context) {
+            f.lost.store(true, SeqCst);
             return Err(GpuError::Cuda {
                 call: "cuStreamSynchronize",
                 code: 999,
@@ -172,7 +174,7 @@ impl Device for SimDevice {
             return Err(GpuError::Injected("reset refused (simulated)".into()));
         }
         self.faults.resets.fetch_add(1, SeqCst);
-        self.lost = false;
+        self.faults.lost.store(false, SeqCst);
         Ok(())
     }
 }

@@ -367,3 +367,47 @@ fn a_batch_larger_than_the_staging_area_is_split_across_device_calls() {
     // 40 pages, at most 5 a call.
     assert_eq!(r.backend.stats().batches, 8);
 }
+
+/// Two streams (two threads, two devices on one simulated GPU): every page once, both used,
+/// and a context lost under both is reset and nothing is lost.
+#[test]
+fn two_streams_share_the_work_and_survive_a_lost_context() {
+    let cfg = GpuConfig {
+        streams: 2,
+        ..small()
+    };
+    let (first, faults) = SimDevice::new(&cfg);
+    let second = SimDevice::sharing(&cfg, faults.clone());
+    let backend = Arc::new(GpuBackend::with_devices(vec![first, second], cfg).unwrap());
+    assert!(
+        backend.describe().contains("2 batches in flight"),
+        "{}",
+        backend.describe()
+    );
+    let engine = Engine::with_accelerator(
+        EngineConfig {
+            cpu_workers: 2,
+            cpu_queue: 256,
+            offload_min_bytes: 8 * PAGE,
+            failure_threshold: 2,
+            retry_after: Duration::from_millis(20),
+            ..EngineConfig::default()
+        },
+        backend.clone(),
+    )
+    .unwrap();
+    let r = Rig {
+        engine,
+        backend,
+        faults,
+    };
+    let by = run(&r.engine, 0, 640, 32, Codec::Deflate { level: 1 });
+    assert_eq!(by.get("gpu").copied(), Some(640), "{by:?}");
+    assert_eq!(r.faults.batches.load(SeqCst), 40);
+    r.faults.lose_context.store(1, SeqCst);
+    run(&r.engine, 1000, 64, 32, Codec::LZ4);
+    assert!(r.faults.resets.load(SeqCst) >= 1);
+    until_recovered(&r, 2000, Codec::LZ4);
+    let by = run(&r.engine, 5000, 256, 32, Codec::LZ4);
+    assert_eq!(by.get("gpu").copied(), Some(256), "{by:?}");
+}
