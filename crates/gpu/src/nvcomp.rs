@@ -386,6 +386,18 @@ mod with_the_library {
                 "{a:?}"
             );
         }
+        // The scratch query takes the options by value among six arguments; without a GPU
+        // it may answer or refuse with a status, never crash.
+        for codec in [GpuCodec::Lz4, GpuCodec::Deflate { algorithm: 2 }] {
+            // (1024 pages; the default configuration's worst case: 1024 chunks of up to
+            // 64 KiB, 8 MiB in all.)
+            for (chunk, total) in [(4096, 4 << 20), (65536, 8 << 20)] {
+                match nv.temp_bytes(codec, 1024, chunk, total, std::ptr::null_mut()) {
+                    Ok(t) => eprintln!("{codec:?}: {t} bytes of scratch for 1024 x {chunk}"),
+                    Err(e) => assert!(matches!(e, GpuError::Nvcomp { .. }), "{e}"),
+                }
+            }
+        }
         // A chunk over nvCOMP's limit is refused with a status, not a crash.
         let e = nv.max_output(GpuCodec::Lz4, 1 << 30).unwrap_err();
         assert!(matches!(e, GpuError::Nvcomp { .. }), "{e}");
