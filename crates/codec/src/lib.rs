@@ -67,6 +67,8 @@ pub enum CodecError {
     Dictionary(String),
     #[error("invalid reject ratio {0} (must be in (0, 1])")]
     InvalidRejectRatio(f32),
+    #[error("{0} objects cannot be built from another compressor's output (lz4 and deflate can)")]
+    NotWrappable(&'static str),
 }
 
 /// Codec identifier as stored in the object header.
@@ -366,10 +368,7 @@ pub fn wrap_payload(
         return Err(CodecError::InvalidRejectRatio(reject_ratio));
     }
     if !matches!(codec, CodecId::Lz4 | CodecId::Deflate) {
-        return Err(CodecError::Corrupt {
-            codec: codec.name(),
-            reason: "only lz4 blocks and raw deflate streams can be wrapped".into(),
-        });
+        return Err(CodecError::NotWrappable(codec.name()));
     }
     let budget = ((input.len() as f64) * f64::from(reject_ratio)) as usize;
     let (id, body, rejected) = match HEADER_LEN + payload.len() <= budget && !payload.is_empty() {

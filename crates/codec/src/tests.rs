@@ -410,7 +410,10 @@ fn an_accelerators_payload_wraps_into_an_object_that_decodes() {
         assert_eq!(w.codec, CodecId::Raw);
     }
     let mut obj = Vec::new();
-    assert!(wrap_payload(CodecId::Zstd, &input, &[1], &mut obj, 0.9).is_err());
+    assert_eq!(
+        wrap_payload(CodecId::Zstd, &input, &[1], &mut obj, 0.9),
+        Err(CodecError::NotWrappable("zstd"))
+    );
     assert_eq!(
         wrap_payload(CodecId::Lz4, &[], &[1], &mut obj, 0.9),
         Err(CodecError::EmptyInput)
