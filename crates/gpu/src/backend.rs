@@ -290,17 +290,21 @@ fn run_batch<D: Device>(
 ) {
     let inputs: Vec<&[u8]> = jobs.iter().map(|j| &j.input[..]).collect();
     let t = Instant::now();
-    let r = device
-        .compress(codec, &inputs, outs)
-        .and_then(|t| match outs.len() == inputs.len() {
-            true => Ok(t),
-            // A device that answers for fewer pages than it was given must not lose the rest.
-            false => Err(GpuError::Config(format!(
-                "the device answered for {} of {} pages",
-                outs.len(),
-                inputs.len()
-            ))),
-        });
+    // A panic in the device's code must not lose the batch's jobs (their owner waits for
+    // every completion): it fails the batch like any device error.
+    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        device.compress(codec, &inputs, outs)
+    }))
+    .unwrap_or_else(|_| Err(GpuError::Config("the device's code panicked".into())));
+    let r = called.and_then(|t| match outs.len() == inputs.len() {
+        true => Ok(t),
+        // A device that answers for fewer pages than it was given must not lose the rest.
+        false => Err(GpuError::Config(format!(
+            "the device answered for {} of {} pages",
+            outs.len(),
+            inputs.len()
+        ))),
+    });
     c.busy_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
     drop(inputs);
     c.batches.fetch_add(1, Relaxed);

@@ -31,6 +31,8 @@ pub struct SimFaults {
     pub drop_one: AtomicBool,
     /// Batches wait while set (a busy device: the queue fills).
     pub hold: AtomicBool,
+    /// The next batch panics inside the device's code.
+    pub panic: AtomicBool,
     /// Counts: batches compressed, resets done.
     pub batches: AtomicU64,
     pub resets: AtomicU64,
@@ -121,6 +123,9 @@ impl Device for SimDevice {
                 code: 999,
                 name: "CUDA_ERROR_UNKNOWN (simulated)".into(),
             });
+        }
+        if f.panic.swap(false, SeqCst) {
+            panic!("simulated panic in the device's code");
         }
         if take(&f.out_of_memory) {
             return Err(GpuError::Cuda {

@@ -255,6 +255,15 @@ fn pages_the_device_refuses_or_garbles_are_redone_on_the_cpu() {
 }
 
 #[test]
+fn a_panic_in_the_devices_code_fails_its_batch_and_nothing_else() {
+    let r = rig(small());
+    r.faults.panic.store(true, SeqCst);
+    run(&r.engine, 0, 48, 16, Codec::LZ4);
+    assert_eq!(stats(&r).fallbacks, 16);
+    assert!(r.backend.stats().last_error.unwrap().contains("panicked"));
+}
+
+#[test]
 fn a_device_that_answers_for_fewer_pages_fails_the_whole_batch() {
     let r = rig(small());
     r.faults.drop_one.store(true, SeqCst);
