@@ -142,7 +142,17 @@ impl CudaDevice {
         &self.info
     }
 
+    /// Takes the context, a stream and the buffers; on any failure gives back what it took,
+    /// so that the next batch starts from nothing again (never from half a set-up).
     fn setup(&mut self) -> Result<(), GpuError> {
+        let r = self.try_setup();
+        if r.is_err() {
+            self.teardown(true);
+        }
+        r
+    }
+
+    fn try_setup(&mut self) -> Result<(), GpuError> {
         let drv = self.driver.clone();
         self.ctx = drv.retain_primary(self.dev)?;
         drv.set_current(self.ctx)?;
@@ -176,7 +186,7 @@ impl CudaDevice {
             temp_bytes: 0,
             out_bytes,
         };
-        // Keep what was allocated even on failure, so that `teardown` frees it.
+        // Kept even on failure, so that `teardown` frees what was allocated.
         let r = (|| {
             b.h_in = drv.alloc_host(staging)?;
             b.h_out = drv.alloc_host(out_bytes)?;
