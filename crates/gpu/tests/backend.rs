@@ -92,6 +92,18 @@ fn run(
     batch: usize,
     codec: Codec,
 ) -> HashMap<&'static str, u64> {
+    let rx = submit(engine, first, n, batch, codec);
+    collect(rx, n)
+}
+
+/// Submits `n` pages from `first` in batches of `batch`; the completions come to the receiver.
+fn submit(
+    engine: &Engine,
+    first: u64,
+    n: u64,
+    batch: usize,
+    codec: Codec,
+) -> mpsc::Receiver<Completion> {
     let (tx, rx) = mpsc::channel::<Completion>();
     let tx = Mutex::new(tx);
     let sink: Sink = Arc::new(move |c| tx.lock().unwrap().send(c).unwrap());
@@ -108,6 +120,11 @@ fn run(
             .collect();
         engine.submit(jobs, sink.clone()).unwrap();
     }
+    rx
+}
+
+/// Waits for `n` completions and checks each (see `run`).
+fn collect(rx: mpsc::Receiver<Completion>, n: u64) -> HashMap<&'static str, u64> {
     let mut seen = HashMap::new();
     let mut by_backend = HashMap::new();
     for _ in 0..n {
@@ -202,7 +219,8 @@ fn a_lost_context_loses_no_page_and_the_device_comes_back_after_a_reset() {
 
 #[test]
 fn a_device_out_of_service_is_probed_again_after_its_rest() {
-    let r = rig_resting(small(), Duration::from_millis(300));
+    // A rest long enough that nothing below probes the device before the test means it to.
+    let r = rig_resting(small(), Duration::from_millis(1000));
     // Failing resets keep the context lost: every batch fails until they succeed.
     r.faults.reset_fails.store(true, SeqCst);
     r.faults.lose_context.store(1, SeqCst);
@@ -216,7 +234,7 @@ fn a_device_out_of_service_is_probed_again_after_its_rest() {
     assert_eq!(by.get("cpu").copied(), Some(32), "{by:?}");
     assert_eq!(r.backend.stats().batches, before);
     // After the rest a probe fails (still lost, the reset refused again).
-    std::thread::sleep(Duration::from_millis(320));
+    std::thread::sleep(Duration::from_millis(1050));
     run(&r.engine, 200, 16, 16, Codec::LZ4);
     assert_eq!(r.backend.stats().reset_failures, 2);
     assert!(!stats(&r).backend_healthy);
@@ -283,14 +301,11 @@ fn a_busy_device_hands_batches_back_to_the_cpu() {
         queue_batches: 1,
         ..small()
     });
+    // Held until every batch is submitted: the first waits on the device, the queue is full.
     r.faults.hold.store(true, SeqCst);
-    let faults = r.faults.clone();
-    let release = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
-        faults.hold.store(false, SeqCst);
-    });
-    let by = run(&r.engine, 0, 64, 16, Codec::LZ4);
-    release.join().unwrap();
+    let rx = submit(&r.engine, 0, 64, 16, Codec::LZ4);
+    r.faults.hold.store(false, SeqCst);
+    let by = collect(rx, 64);
     let s = stats(&r);
     assert_eq!(
         s.saturated, 3,

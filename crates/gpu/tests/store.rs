@@ -41,6 +41,8 @@ fn a_store_writes_through_the_gpu_backend_and_reads_back_every_page() {
     // which stays on the CPU).
     let mut sc = StoreConfig::new(4096, Policy::Fast);
     sc.accelerator = Some(SharedBackend(backend.clone()));
+    // A device taken out of service is probed again soon (each round below waits past it).
+    sc.engine.retry_after = std::time::Duration::from_millis(5);
     let store = PageStore::new(sc).unwrap();
     // 1 MiB writes: 256 pages a batch, over the engine's 64 KiB offload size.
     let mut model = vec![0u8; 4096 * PAGE];
@@ -58,8 +60,11 @@ fn a_store_writes_through_the_gpu_backend_and_reads_back_every_page() {
         let d = data(256, round as u64 + 7);
         store.write_async(start as u64, &d).unwrap();
         model[start * PAGE..(start + 256) * PAGE].copy_from_slice(&d);
+        // The round's batch completes under the round's faults (write_async returns before
+        // compression), and a device rested by a failed round is probed by the next one.
+        store.flush().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    store.flush().unwrap();
     let mut back = vec![0u8; 4096 * PAGE];
     store.read_batch(0, &mut back).unwrap();
     assert!(
