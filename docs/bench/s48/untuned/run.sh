@@ -8,4 +8,4 @@ while IFS='|' read -r name cmd; do
   same=$([ "$p" == "$z" ] && echo same || echo DIFFERENT)
   printf "%-8s %s plain rc=%d %.2fs  zmem rc=%d %.2fs  %s\n" $name $1 $prc $(echo "$t1-$t0"|bc) $zrc $(echo "$t2-$t1"|bc) $same
   [ "$same" == same ] || { echo "  plain: ${p:0:300}"; echo "  zmem: ${z:0:300}"; }
-done < cmds.txt
+done < ${CMDS:-cmds.txt}
