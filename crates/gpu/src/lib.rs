@@ -33,7 +33,7 @@ pub use nvcomp::GpuCodec;
 /// Settings of the GPU backend.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpuConfig {
-    /// CUDA device ordinal (`ZMEM_GPU_DEVICE`).
+    /// CUDA device ordinal.
     pub device: usize,
     /// Pages (jobs) per device call: nvCOMP's batch. Larger batches amortise the launch and
     /// the copies; the staging buffers are this many times `max_chunk_bytes`.
