@@ -366,28 +366,37 @@ impl Device for CudaDevice {
                 *words(meta.in_sizes()).add(i) = input.len() as u64;
             }
             let s = self.stream;
-            drv.to_device(b.d_meta, b.h_meta, meta.down(), s)?;
-            drv.to_device(b.d_in, b.h_in, n * c, s)?;
-            let args = CompressArgs {
-                in_ptrs: b.d_meta + meta.in_ptrs() as u64,
-                in_sizes: b.d_meta + meta.in_sizes() as u64,
-                max_chunk,
-                chunks: n,
-                temp: b.d_temp,
-                temp_bytes: b.temp_bytes,
-                out_ptrs: b.d_meta + meta.out_ptrs() as u64,
-                out_sizes: b.d_meta + meta.out_sizes() as u64,
-                statuses: b.d_meta + meta.statuses() as u64,
+            let nvcomp = &self.nvcomp;
+            let queued = || -> Result<(), GpuError> {
+                drv.to_device(b.d_meta, b.h_meta, meta.down(), s)?;
+                drv.to_device(b.d_in, b.h_in, n * c, s)?;
+                let args = CompressArgs {
+                    in_ptrs: b.d_meta + meta.in_ptrs() as u64,
+                    in_sizes: b.d_meta + meta.in_sizes() as u64,
+                    max_chunk,
+                    chunks: n,
+                    temp: b.d_temp,
+                    temp_bytes: b.temp_bytes,
+                    out_ptrs: b.d_meta + meta.out_ptrs() as u64,
+                    out_sizes: b.d_meta + meta.out_sizes() as u64,
+                    statuses: b.d_meta + meta.statuses() as u64,
+                };
+                nvcomp.compress(codec, &args, s)?;
+                drv.to_host(
+                    b.h_meta.add(meta.out_sizes()),
+                    b.d_meta + meta.out_sizes() as u64,
+                    meta.up(),
+                    s,
+                )?;
+                drv.to_host(b.h_out, b.d_out, n * stride, s)?;
+                drv.sync(s)
             };
-            self.nvcomp.compress(codec, &args, s)?;
-            drv.to_host(
-                b.h_meta.add(meta.out_sizes()),
-                b.d_meta + meta.out_sizes() as u64,
-                meta.up(),
-                s,
-            )?;
-            drv.to_host(b.h_out, b.d_out, n * stride, s)?;
-            drv.sync(s)?;
+            if let Err(e) = queued() {
+                // Copies queued before the failure may still read or write the staging
+                // buffers: the next batch must not touch them until the stream is idle.
+                let _ = drv.sync(s);
+                return Err(e);
+            }
             out.clear();
             for i in 0..n {
                 let size = *words(meta.out_sizes()).add(i) as usize;
