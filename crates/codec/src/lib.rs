@@ -281,6 +281,20 @@ fn write_header(out: &mut [u8], codec: CodecId, orig_len: usize, dict: Option<u8
     }
 }
 
+/// What every object's input and rejection rule must be (`encode`, `wrap_payload`).
+fn check_input(input: &[u8], reject_ratio: f32) -> Result<(), CodecError> {
+    if input.is_empty() {
+        return Err(CodecError::EmptyInput);
+    }
+    if input.len() > MAX_INPUT_LEN {
+        return Err(CodecError::InputTooLarge(input.len()));
+    }
+    if !(reject_ratio > 0.0 && reject_ratio <= 1.0) {
+        return Err(CodecError::InvalidRejectRatio(reject_ratio));
+    }
+    Ok(())
+}
+
 /// Compresses `input` into `out` as one object.
 ///
 /// `out` must hold at least [`max_encoded_len`]`(input.len())` bytes, so the raw fallback always
@@ -294,15 +308,7 @@ pub fn encode(
     out: &mut [u8],
     reject_ratio: f32,
 ) -> Result<Encoded, CodecError> {
-    if input.is_empty() {
-        return Err(CodecError::EmptyInput);
-    }
-    if input.len() > MAX_INPUT_LEN {
-        return Err(CodecError::InputTooLarge(input.len()));
-    }
-    if !(reject_ratio > 0.0 && reject_ratio <= 1.0) {
-        return Err(CodecError::InvalidRejectRatio(reject_ratio));
-    }
+    check_input(input, reject_ratio)?;
     let need = max_encoded_len(input.len());
     if out.len() < need {
         return Err(CodecError::OutputTooSmall {
@@ -358,15 +364,7 @@ pub fn wrap_payload(
     out: &mut Vec<u8>,
     reject_ratio: f32,
 ) -> Result<Encoded, CodecError> {
-    if input.is_empty() {
-        return Err(CodecError::EmptyInput);
-    }
-    if input.len() > MAX_INPUT_LEN {
-        return Err(CodecError::InputTooLarge(input.len()));
-    }
-    if !(reject_ratio > 0.0 && reject_ratio <= 1.0) {
-        return Err(CodecError::InvalidRejectRatio(reject_ratio));
-    }
+    check_input(input, reject_ratio)?;
     if !matches!(codec, CodecId::Lz4 | CodecId::Deflate) {
         return Err(CodecError::NotWrappable(codec.name()));
     }

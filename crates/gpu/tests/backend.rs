@@ -52,7 +52,16 @@ fn rig(cfg: GpuConfig) -> Rig {
 /// A rig whose engine lets a failed device rest `retry_after` before probing it again.
 fn rig_resting(cfg: GpuConfig, retry_after: Duration) -> Rig {
     let (device, faults) = SimDevice::new(&cfg);
-    let backend = Arc::new(GpuBackend::with_device(device, cfg).unwrap());
+    rig_over(
+        GpuBackend::with_device(device, cfg).unwrap(),
+        faults,
+        retry_after,
+    )
+}
+
+/// The test engine over `backend` (whose devices share `faults`).
+fn rig_over(backend: GpuBackend, faults: Arc<SimFaults>, retry_after: Duration) -> Rig {
+    let backend = Arc::new(backend);
     let engine = Engine::with_accelerator(
         EngineConfig {
             cpu_workers: 2,
@@ -402,29 +411,16 @@ fn two_streams_share_the_work_and_survive_a_lost_context() {
     };
     let (first, faults) = SimDevice::new(&cfg);
     let second = SimDevice::sharing(&cfg, faults.clone());
-    let backend = Arc::new(GpuBackend::with_devices(vec![first, second], cfg).unwrap());
-    assert!(
-        backend.describe().contains("2 batches in flight"),
-        "{}",
-        backend.describe()
-    );
-    let engine = Engine::with_accelerator(
-        EngineConfig {
-            cpu_workers: 2,
-            cpu_queue: 256,
-            offload_min_bytes: 8 * PAGE,
-            failure_threshold: 2,
-            retry_after: Duration::from_millis(20),
-            ..EngineConfig::default()
-        },
-        backend.clone(),
-    )
-    .unwrap();
-    let r = Rig {
-        engine,
-        backend,
+    let r = rig_over(
+        GpuBackend::with_devices(vec![first, second], cfg).unwrap(),
         faults,
-    };
+        Duration::from_millis(20),
+    );
+    assert!(
+        r.backend.describe().contains("2 batches in flight"),
+        "{}",
+        r.backend.describe()
+    );
     let by = run(&r.engine, 0, 640, 32, Codec::Deflate { level: 1 });
     assert_eq!(by.get("gpu").copied(), Some(640), "{by:?}");
     assert_eq!(r.faults.batches.load(SeqCst), 40);
