@@ -80,6 +80,19 @@ pub trait BackingStore: Send + Sync {
         0
     }
 
+    /// Whether those tries are urgent (see [`StoreCore::entropy_urgent`]): then the evictor
+    /// makes them between its batches too, not only on idle CPU.
+    fn entropy_urgent(&self) -> bool {
+        false
+    }
+
+    /// Compacts the store's memory if objects freed since left much of it unused (see
+    /// [`StoreCore::compact_if_loose`]): the pages it gave back. Stores without a pool have
+    /// nothing to do.
+    fn compact_if_loose(&self) -> u64 {
+        0
+    }
+
     /// Copies page `index` of `from` into this store as `from` holds it, without decoding
     /// (a fork's snapshot): `Ok(false)` when it cannot (then read it and write it). Only
     /// stores of the same kind can; others never do.
@@ -141,6 +154,12 @@ impl BackingStore for PageStore {
     }
     fn entropy_pass(&self, max: usize) -> usize {
         StoreCore::entropy_pass(self, max)
+    }
+    fn entropy_urgent(&self) -> bool {
+        StoreCore::entropy_urgent(self)
+    }
+    fn compact_if_loose(&self) -> u64 {
+        StoreCore::compact_if_loose(self)
     }
     fn copy_page_from(&self, from: &dyn BackingStore, index: u64) -> Result<bool, StoreError> {
         match from.as_store_core() {

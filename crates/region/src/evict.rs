@@ -887,6 +887,7 @@ impl Shared {
         let mut last_reap = Instant::now();
         let mut last_retry = Instant::now();
         let mut last_trickle = Instant::now();
+        let mut last_urgent = Instant::now();
         let mut idle_cpu = zmem_os::idle::IdleCpu::new();
         if self.async_settle {
             self.colocation.register_off();
@@ -906,6 +907,13 @@ impl Shared {
             crate::manager::bury_dead_stores();
             if let Some(a) = adaptive.as_mut() {
                 self.adaptive_step(a, false);
+            }
+            // While the pool saves next to nothing and raw pages wait for their entropy try,
+            // the tries are made between batches too (`BackingStore::entropy_urgent`).
+            let mut urgent_tried = 0;
+            if last_urgent.elapsed() >= ENTROPY_URGENT_EVERY && self.root.store.entropy_urgent() {
+                last_urgent = Instant::now();
+                urgent_tried = self.root.store.entropy_pass(ENTROPY_QUIET_PAGES);
             }
             if self.settle_queued() > 0 {
                 continue;
@@ -936,7 +944,9 @@ impl Shared {
             self.evict_children();
             // The store's entropy tries left for later: a slice while faults are quiet and
             // half a CPU is idle, else a trickle (a zstd compression each, ~15 us a page).
-            let tried = if quiet && idle_cpu.half_a_cpu_idle() {
+            let tried = if urgent_tried > 0 {
+                urgent_tried
+            } else if quiet && idle_cpu.half_a_cpu_idle() {
                 self.root.store.entropy_pass(ENTROPY_QUIET_PAGES)
             } else if last_trickle.elapsed() >= ENTROPY_TRICKLE_EVERY {
                 last_trickle = Instant::now();
@@ -944,8 +954,8 @@ impl Shared {
             } else {
                 0
             };
-            let nap = if quiet && tried == ENTROPY_QUIET_PAGES {
-                2
+            let nap = if tried == ENTROPY_QUIET_PAGES && (quiet || urgent_tried > 0) {
+                ENTROPY_URGENT_EVERY.as_millis() as u64
             } else {
                 50
             };
@@ -964,6 +974,9 @@ impl Shared {
             if last_reap.elapsed() >= Duration::from_secs(1) {
                 last_reap = Instant::now();
                 self.reap_children();
+                // Faults free objects all over the pool (a page read back leaves its hole),
+                // and nothing else gives those spans back under a policy without cold passes.
+                self.root.store.compact_if_loose();
             }
         }
     }
@@ -979,6 +992,9 @@ const INCOMPRESSIBLE_RETRY_PAGES: usize = 256;
 /// idle round while faults are quiet (then it naps 2 ms, so at most ~a quarter of a CPU), and
 /// while they come, per `ENTROPY_TRICKLE_EVERY` (~0.1% of a CPU).
 const ENTROPY_QUIET_PAGES: usize = 32;
+/// While the tries are urgent, `ENTROPY_QUIET_PAGES` of them this often, busy or not (~0.6 ms
+/// of zstd per 2 ms: under a third of a CPU).
+const ENTROPY_URGENT_EVERY: Duration = Duration::from_millis(2);
 const ENTROPY_TRICKLE_PAGES: usize = 8;
 const ENTROPY_TRICKLE_EVERY: Duration = Duration::from_millis(100);
 

@@ -305,6 +305,12 @@ impl BackingStore for ChildStore {
     fn entropy_pass(&self, max: usize) -> usize {
         self.heir.own.entropy_pass(max)
     }
+    fn entropy_urgent(&self) -> bool {
+        self.heir.own.entropy_urgent()
+    }
+    fn compact_if_loose(&self) -> u64 {
+        self.heir.own.compact_if_loose()
+    }
     fn copy_page_from(&self, from: &dyn BackingStore, index: u64) -> Result<bool, StoreError> {
         self.take_over(index);
         self.heir.own.copy_page_from(from, index)
@@ -363,6 +369,12 @@ impl BackingStore for RootStore {
     }
     fn entropy_pass(&self, max: usize) -> usize {
         self.0.own.entropy_pass(max)
+    }
+    fn entropy_urgent(&self) -> bool {
+        self.0.own.entropy_urgent()
+    }
+    fn compact_if_loose(&self) -> u64 {
+        self.0.own.compact_if_loose()
     }
     fn copy_page_from(&self, from: &dyn BackingStore, index: u64) -> Result<bool, StoreError> {
         self.0.hand_down(index);

@@ -445,6 +445,41 @@ fn pages_lz4_cannot_shrink_are_entropy_coded_once_they_stay_away() {
 }
 
 #[test]
+fn the_evictor_compacts_a_pool_left_full_of_holes() {
+    // Half the stored pages dropped, every other one: their objects leave holes in every span
+    // of the pool, which a policy without cold passes never filled again. The evictor gives
+    // those spans back (`BackingStore::compact_if_loose`, once a second).
+    let Some(r) = region(16 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    fill_all(&r, 1);
+    for i in (0..pages).step_by(2) {
+        // SAFETY: one page of the region, which this test owns.
+        let rc =
+            unsafe { libc::madvise(r.as_ptr().add(i * PAGE).cast(), PAGE, libc::MADV_DONTNEED) };
+        assert_eq!(rc, 0);
+    }
+    let tight = |st: &zmem_store::StoreStats| {
+        st.mem_used_total as f64 <= 1.1 * st.compr_data_size as f64 + 4.0 * PAGE as f64
+    };
+    let t = Instant::now();
+    while !tight(&r.stats().store) && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = r.stats().store;
+    assert!(tight(&st), "the pool keeps its holes: {st:?}");
+    assert!(st.pages_compacted > 0, "{st:?}");
+    for i in 0..pages {
+        if i % 2 == 0 {
+            assert!(page_mut(&r, i).iter().all(|&b| b == 0), "page {i} dropped");
+        } else {
+            check(page_mut(&r, i), i, 1);
+        }
+    }
+}
+
+#[test]
 fn pinned_pages_stay_resident_outside_the_budget() {
     // A 1 MiB budget and 2 MiB pinned (an allocator's metadata, as the preload library pins):
     // the pinned pages never leave DRAM and do not eat the budget, so data still gets 1 MiB.

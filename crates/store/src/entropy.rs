@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use zmem_codec::Codec;
+use zmem_codec::{Codec, PAGE_SIZE};
 
 use crate::slot::{HUGE, LATER, OBJECT};
 use crate::StoreCore;
@@ -40,6 +40,10 @@ pub(crate) const ENTROPY_CODEC: Codec = Codec::Zstd { level: 1 };
 /// A deferred page is tried once it has stayed stored this long (the `auto` policy's idle
 /// interval): the shortest wait.
 pub const LATER_AFTER_MS: u32 = 1000;
+
+/// The wait while the tries are urgent ([`StoreCore::entropy_urgent`]), if shorter: pages
+/// that come back this soon are still spared the try.
+pub const URGENT_AFTER_MS: u32 = 250;
 
 /// The longest wait.
 pub const WAIT_MAX_MS: u32 = 32_000;
@@ -65,6 +69,11 @@ const DEFER_WINS: u32 = 24;
 
 /// One page lz4 refused in this many is tried at once even while tries are deferred.
 const SAMPLE: u32 = 16;
+
+/// The tries are urgent while the pool saves less than this share of the bytes it holds (an
+/// eighth): the raw pages waiting for theirs then keep the program's DRAM where it would be
+/// without zmem (see [`StoreCore::entropy_urgent`]).
+const URGENT_SAVING_DIV: u64 = 8;
 
 /// Pages waiting for their try, at most (16 bytes each: 1 MiB). A page refused while the queue
 /// is full is tried at once.
@@ -186,9 +195,15 @@ impl Later {
         }
     }
 
-    /// The oldest listed page that has waited long enough.
-    fn pop_due(&self) -> Option<u64> {
-        let (now, wait) = (self.now_ms(), self.wait_ms());
+    /// The oldest listed page that has waited long enough: the wait now, or no more than
+    /// [`URGENT_AFTER_MS`] while the tries are `urgent`.
+    fn pop_due(&self, urgent: bool) -> Option<u64> {
+        let wait = if urgent {
+            self.wait_ms().min(URGENT_AFTER_MS)
+        } else {
+            self.wait_ms()
+        };
+        let now = self.now_ms();
         let mut q = self.queue.lock();
         match q.pages.front() {
             Some(&(index, at)) if now.saturating_sub(at) >= wait => {
@@ -204,6 +219,12 @@ impl Later {
     }
 }
 
+/// Whether a pool of `used` bytes holding pages of `stored` bytes saves less than
+/// 1/[`URGENT_SAVING_DIV`] of them.
+pub(crate) fn saves_little(used: u64, stored: u64) -> bool {
+    used.saturating_mul(URGENT_SAVING_DIV) > stored.saturating_mul(URGENT_SAVING_DIV - 1)
+}
+
 impl crate::Inner {
     /// Whether the page the policy's codec just refused is stored raw now and tried later: the
     /// gate is open and the queue has room. A full queue first drops the pages read back,
@@ -215,7 +236,7 @@ impl crate::Inner {
         let Some(later) = self.later.as_ref() else {
             return false;
         };
-        if !later.gate_open() {
+        if !later.gate_open() || self.saves_little() {
             return false;
         }
         if later.wait_ms() > LATER_AFTER_MS {
@@ -224,6 +245,13 @@ impl crate::Inner {
         let mut q = later.queue.lock();
         q.compact_if_full(|index| self.still_owes_entropy(index));
         q.pages.len() < MAX_LATER
+    }
+
+    /// Whether the pool saves under 1/[`URGENT_SAVING_DIV`] of the bytes it holds: then no
+    /// try is left for later (see [`StoreCore::entropy_urgent`]).
+    pub(crate) fn saves_little(&self) -> bool {
+        let stored = self.counters.stored.load(Ordering::Relaxed) * PAGE_SIZE as u64;
+        saves_little(self.pool.mem_used(), stored)
     }
 
     /// Whether page `index` is still stored raw owing its entropy try.
@@ -243,9 +271,10 @@ impl StoreCore {
             return 0;
         };
         later.adjust_wait();
+        let urgent = self.entropy_urgent();
         let mut tried = 0;
         while tried < max {
-            let Some(index) = later.pop_due() else {
+            let Some(index) = later.pop_due(urgent) else {
                 break;
             };
             if self.try_entropy(later, index) {
@@ -253,6 +282,21 @@ impl StoreCore {
             }
         }
         tried
+    }
+
+    /// Whether the tries left for later are urgent: pages wait for theirs while the pool saves
+    /// under an eighth of the bytes it holds. Deferring the try spares the CPU for pages that
+    /// come back soon; but when most of what the pool holds is raw pages waiting (a program
+    /// that writes values lz4 cannot shrink, such as redis-benchmark's random printable ones,
+    /// while its reads bring the coded ones back, which stretches the wait to
+    /// [`WAIT_MAX_MS`]), the program's DRAM under zmem is what it would be without it, and the
+    /// tries are worth their CPU at once. While urgent, a page waits no longer than
+    /// [`URGENT_AFTER_MS`], and the region's evictor makes tries between its batches too.
+    pub fn entropy_urgent(&self) -> bool {
+        let Some(later) = self.inner.later.as_ref() else {
+            return false;
+        };
+        self.inner.saves_little() && later.waiting() > 0
     }
 
     /// Pages stored raw whose try is still to come (some may have been read back since).

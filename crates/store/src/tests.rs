@@ -1106,7 +1106,19 @@ fn what_lz4_cannot_shrink_is_tried_with_an_entropy_coder() {
     assert_eq!(z.stats().entropy_tries, 0);
 }
 
+/// A store for `pages` pages that defers the entropy coder's tries, and holds as many more
+/// same-filled pages above them: a pool that saves memory, so that the tries may wait (a pool
+/// of raw pages alone saves too little, and its tries are made at once: see
+/// `a_pool_that_saves_little_makes_its_tries_at_once`).
 fn store_with_entropy_later(pages: u64) -> PageStore {
+    let s = bare_store_with_entropy_later(2 * pages);
+    for i in pages..2 * pages {
+        s.write(i, &[7u8; PS]).unwrap();
+    }
+    s
+}
+
+fn bare_store_with_entropy_later(pages: u64) -> PageStore {
     let mut cfg = StoreConfig::new(pages, Policy::Fast);
     cfg.entropy_later = true;
     PageStore::new(cfg).unwrap()
@@ -1289,6 +1301,75 @@ fn the_entropy_gate_follows_the_data() {
         let i = 100 + k as u64;
         let want = if stored { content(3, i) } else { vec![0u8; PS] };
         assert_eq!(read_page(&s, i), want, "page {i}");
+    }
+}
+
+#[test]
+fn a_pool_saves_little_below_an_eighth() {
+    use crate::entropy::saves_little;
+    assert!(!saves_little(0, 0), "an empty pool");
+    assert!(!saves_little(700, 800), "an eighth saved");
+    assert!(saves_little(701, 800), "less than an eighth");
+    assert!(
+        saves_little(4200, 4096),
+        "raw pages and the pool's overhead"
+    );
+    assert!(!saves_little(u64::MAX / 2, u64::MAX), "no overflow");
+}
+
+/// Raw pages waiting for their try are all a pool of such pages holds: it saves nothing, and
+/// the program's DRAM under zmem is what it would be without. Then no try waits: a refused page
+/// is tried at once, and the pages already waiting are due after `URGENT_AFTER_MS`.
+#[test]
+fn a_pool_that_saves_little_makes_its_tries_at_once() {
+    use crate::entropy::URGENT_AFTER_MS;
+    let (raw, same) = (200u64, 200u64);
+    // A few more: enough coded pages would make the pool save an eighth again, and the tries
+    // wait again (`saves_little` is what holds the pool there).
+    let more = 8;
+    let s = bare_store_with_entropy_later(raw + same + more);
+    for i in raw..raw + same {
+        s.write(i, &[7u8; PS]).unwrap();
+    }
+    let pages: Vec<Vec<u8>> = (0..raw + same + more).map(skewed_random).collect();
+    for i in 0..raw {
+        assert!(s.write_if_smaller(i, &pages[i as usize]).unwrap());
+    }
+    let st = s.stats();
+    assert!(st.entropy_deferred >= raw - 24 - raw / 16 - 1, "{st:?}");
+    assert!(
+        !s.entropy_urgent(),
+        "the same-filled pages save enough: {st:?}"
+    );
+    // Without them the pool holds raw pages only.
+    for i in raw..raw + same {
+        s.discard(i).unwrap();
+    }
+    assert!(s.entropy_urgent(), "{:?}", s.stats());
+    let before = s.stats();
+    for i in raw + same..raw + same + more {
+        assert!(s.write_if_smaller(i, &pages[i as usize]).unwrap());
+    }
+    let after = s.stats();
+    assert_eq!(
+        after.entropy_deferred, before.entropy_deferred,
+        "none deferred"
+    );
+    assert_eq!(
+        after.entropy_tries - before.entropy_tries,
+        more,
+        "{after:?}"
+    );
+    assert_eq!(after.entropy_wins, after.entropy_tries);
+    // The waiting pages are due well before the shortest wait.
+    std::thread::sleep(Duration::from_millis(u64::from(URGENT_AFTER_MS) + 50));
+    let tried = s.entropy_pass(usize::MAX);
+    assert_eq!(tried as u64, before.entropy_deferred, "{:?}", s.stats());
+    let done = s.stats();
+    assert_eq!(done.huge_pages, 0, "{done:?}");
+    assert!(!s.entropy_urgent(), "coded, they save: {done:?}");
+    for i in (0..raw).chain(raw + same..raw + same + more) {
+        assert_eq!(read_page(&s, i), pages[i as usize], "page {i}");
     }
 }
 
