@@ -476,7 +476,13 @@ pub fn ratio_lines(plan: &Plan, r: &Ratios, results: &[ConfigResult]) -> String 
 fn against_target(v: Option<f64>, target: f64, pre: &str, missing: &str) -> String {
     match v {
         Some(v) => format!(
-            "{pre}{v:.2}x (target >= {target}: {})",
+            "{pre}{}x (target >= {target}: {})",
+            // Two decimals, unless they round a miss up to the target (2.99997 is not 3).
+            if v < target && (v * 100.0).round() / 100.0 >= target {
+                format!("{v:.5}")
+            } else {
+                format!("{v:.2}")
+            },
             if v >= target {
                 "met"
             } else if pre.is_empty() {
@@ -626,6 +632,30 @@ fn stop_tag(s: &Stop) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_miss_is_never_printed_as_the_target() {
+        assert_eq!(
+            against_target(Some(2.999_969), 3.0, "", "-"),
+            "2.99997x (target >= 3: not met)"
+        );
+        assert_eq!(
+            against_target(Some(3.0), 3.0, "", "-"),
+            "3.00x (target >= 3: met)"
+        );
+        assert_eq!(
+            against_target(Some(1.2354), 1.0, "", "-"),
+            "1.24x (target >= 1: met)"
+        );
+        assert_eq!(
+            against_target(Some(0.5), 1.0, ">= ", "-"),
+            ">= 0.50x (target >= 1: not met so far)"
+        );
+        assert_eq!(
+            against_target(None, 1.0, "", "zram did not run"),
+            "n/a (zram did not run)"
+        );
+    }
 
     fn result(c: KvConfig, held: u64, oom: bool, gets: &[(u64, f64)]) -> ConfigResult {
         ConfigResult {
