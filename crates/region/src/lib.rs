@@ -455,7 +455,16 @@ impl Region {
         let sh = self.shared();
         let c = &sh.counters;
         let page = PAGE as u64;
-        let (resident, pinned_mapped, pinned_ranges, held, incompressible, clean_copies, evictable) = {
+        let (
+            resident,
+            pinned_mapped,
+            pinned_ranges,
+            held,
+            incompressible,
+            clean_copies,
+            evictable,
+            recency,
+        ) = {
             // Also asked on a program thread (the report at exit): see `AsyncSignalsBlocked`.
             let _signals = sh.root.block_signals_for_lock();
             let inner = sh.root.inner.lock();
@@ -463,6 +472,7 @@ impl Region {
                 .tracker
                 .as_ref()
                 .map_or(0, |t| t.resident() + inner.nursery.len());
+            let recency = inner.tracker.as_ref().map_or(0, |t| t.recency_windows());
             (
                 inner.resident as u64 * page,
                 inner.pinned_resident as u64 * page,
@@ -471,6 +481,7 @@ impl Region {
                 inner.incompressible.len() as u64 * page,
                 inner.copies.as_ref().map_or(0, |c| c.count()) as u64 * page,
                 evictable as u64 * page,
+                recency,
             )
         };
         // Pinned ranges are mapped ahead with zero pages, which cost no DRAM until written:
@@ -537,6 +548,7 @@ impl Region {
             zeroed: Zeroed::load(&c.zeroed),
             freed_stored: c.freed_stored.load(Relaxed),
             colocations: sh.colocation.pins(),
+            recency_windows: recency,
             fault_latency,
             handler_time: HandlerTime {
                 faults: c.handled_faults.load(Relaxed),

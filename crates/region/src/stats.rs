@@ -150,6 +150,12 @@ pub struct RegionStats {
     /// (`RegionConfig::colocate`).
     #[serde(default)]
     pub colocations: u64,
+    /// Windows of 4096 refaults the Clock policy ended in recency mode (new pages leave in the
+    /// order they came, as with FIFO): more than 2 in 5 of Clock's refaults had come back soon
+    /// after their eviction, as a producer's pages do before their consumer reads them, and
+    /// under recency few did (docs/DESIGN-NOTES.md, "Clock turns to recency").
+    #[serde(default)]
+    pub recency_windows: u64,
     /// Fault resolution latency.
     pub fault_latency: Latency,
     /// Events that a correct run should (almost) never see, and the page checks of
