@@ -911,7 +911,7 @@ impl Shared {
             // While the pool saves next to nothing and raw pages wait for their entropy try,
             // the tries are made between batches too (`BackingStore::entropy_urgent`).
             let mut urgent_tried = 0;
-            if last_urgent.elapsed() >= ENTROPY_URGENT_EVERY && self.root.store.entropy_urgent() {
+            if last_urgent.elapsed() >= ENTROPY_SLICE_EVERY && self.root.store.entropy_urgent() {
                 last_urgent = Instant::now();
                 urgent_tried = self.root.store.entropy_pass(ENTROPY_QUIET_PAGES);
             }
@@ -955,7 +955,7 @@ impl Shared {
                 0
             };
             let nap = if tried == ENTROPY_QUIET_PAGES && (quiet || urgent_tried > 0) {
-                ENTROPY_URGENT_EVERY.as_millis() as u64
+                ENTROPY_SLICE_EVERY.as_millis() as u64
             } else {
                 50
             };
@@ -992,9 +992,10 @@ const INCOMPRESSIBLE_RETRY_PAGES: usize = 256;
 /// idle round while faults are quiet (then it naps 2 ms, so at most ~a quarter of a CPU), and
 /// while they come, per `ENTROPY_TRICKLE_EVERY` (~0.1% of a CPU).
 const ENTROPY_QUIET_PAGES: usize = 32;
-/// While the tries are urgent, `ENTROPY_QUIET_PAGES` of them this often, busy or not (~0.6 ms
-/// of zstd per 2 ms: under a third of a CPU).
-const ENTROPY_URGENT_EVERY: Duration = Duration::from_millis(2);
+/// A slice of `ENTROPY_QUIET_PAGES` tries at most this often: after a full slice on idle CPU
+/// (the nap), and while the tries are urgent, busy or not (~0.6 ms of zstd per 2 ms: under a
+/// third of a CPU).
+const ENTROPY_SLICE_EVERY: Duration = Duration::from_millis(2);
 const ENTROPY_TRICKLE_PAGES: usize = 8;
 const ENTROPY_TRICKLE_EVERY: Duration = Duration::from_millis(100);
 

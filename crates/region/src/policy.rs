@@ -275,13 +275,13 @@ impl Tracker {
             self.advance();
         }
         self.meta[i] = RESIDENT | (k << K_SHIFT) | gap_encode(gap);
-        // A page just faulted in is not yet accessed: the faulting thread runs only after the
-        // handler returns, and the handler evicts in between. Two wheel slots of protection
-        // keep it from being evicted before the access it was faulted in for.
         if self.recency.on {
             self.push_tail(RECENT, id);
             return;
         }
+        // A page just faulted in is not yet accessed: the faulting thread runs only after the
+        // handler returns, and the handler evicts in between. Two wheel slots of protection
+        // keep it from being evicted before the access it was faulted in for.
         let ttl = self.ttl(k, gap).max(2.0 * self.width as f32);
         self.place(id, ttl);
     }
@@ -662,46 +662,68 @@ mod tests {
     }
 
     /// The region as the policy sees it: an access to a page that is not resident faults;
-    /// at the budget, the tracker picks victims first. Checks the tracker against its own
-    /// resident set as it goes.
+    /// at the budget, the tracker picks `batch` victims first. Checks the tracker against its
+    /// own resident set as it goes.
+    struct Sim {
+        t: Tracker,
+        res: Vec<bool>,
+        resident: usize,
+        budget: usize,
+        batch: usize,
+        out: Vec<u32>,
+    }
+
+    impl Sim {
+        fn new(kind: Eviction, pages: usize, budget: usize, batch: usize) -> Sim {
+            Sim {
+                t: Tracker::new(pages, kind),
+                res: vec![false; pages],
+                resident: 0,
+                budget,
+                batch,
+                out: Vec::with_capacity(batch),
+            }
+        }
+
+        /// An access to `page`: whether it faulted.
+        fn access(&mut self, page: u32) -> bool {
+            let p = page as usize;
+            if self.res[p] {
+                return false;
+            }
+            if self.resident >= self.budget {
+                self.out.clear();
+                self.t.pick(self.batch, &mut self.out);
+                assert!(!self.out.is_empty());
+                for &v in &self.out {
+                    assert!(self.res[v as usize], "picked a page that is not resident");
+                    self.res[v as usize] = false;
+                    self.resident -= 1;
+                }
+            }
+            self.t.insert(page);
+            self.res[p] = true;
+            self.resident += 1;
+            true
+        }
+    }
+
+    /// Faults per access of a [`Scenario`], on a [`Sim`].
     fn simulate(kind: Eviction, sc: &Scenario) -> Outcome {
         let n = sc.pages;
         let mut rng = Rng::new(sc.seed);
         let zipf = Zipf::new(n, 0.99);
         let first = permutation(n, &mut rng);
         let second = permutation(n, &mut rng);
-        let mut t = Tracker::new(n, kind);
-        let mut res = vec![false; n];
+        let mut sim = Sim::new(kind, n, sc.budget, sc.batch);
         let mut dirty = vec![false; n];
         let mut dirty_list = Vec::new();
-        let mut out = Vec::with_capacity(sc.batch);
-        let mut resident = 0usize;
-        let mut access = |page: u32, t: &mut Tracker| -> bool {
-            let p = page as usize;
-            if res[p] {
-                return false;
-            }
-            if resident >= sc.budget {
-                out.clear();
-                t.pick(sc.batch, &mut out);
-                assert!(!out.is_empty());
-                for &v in &out {
-                    assert!(res[v as usize], "picked a page that is not resident");
-                    res[v as usize] = false;
-                    resident -= 1;
-                }
-            }
-            t.insert(page);
-            res[p] = true;
-            resident += 1;
-            true
-        };
         for p in 0..n as u32 {
-            access(p, &mut t);
+            sim.access(p);
         }
         for _ in 0..sc.scans_before {
             for p in 0..n as u32 {
-                access(p, &mut t);
+                sim.access(p);
             }
         }
         let (mut half, mut quarter) = (0u64, 0u64);
@@ -710,7 +732,7 @@ mod tests {
             if let Some(every) = sc.scan_every {
                 if a % every == every - 1 {
                     for p in 0..n as u32 {
-                        access(p, &mut t);
+                        sim.access(p);
                     }
                 }
             }
@@ -724,7 +746,7 @@ mod tests {
                 dirty[page as usize] = true;
                 dirty_list.push(page);
             }
-            if access(page, &mut t) && a >= sc.accesses / 2 {
+            if sim.access(page) && a >= sc.accesses / 2 {
                 half += 1;
                 if a >= sc.accesses * 3 / 4 {
                     quarter += 1;
@@ -736,15 +758,15 @@ mod tests {
                     std::mem::swap(&mut dirty_scan, &mut dirty_list);
                     for &p in &dirty_scan {
                         dirty[p as usize] = false;
-                        if t.is_resident(p) {
-                            t.written(p);
+                        if sim.t.is_resident(p) {
+                            sim.t.written(p);
                         }
                     }
                     dirty_scan.clear();
                 }
             }
         }
-        assert_eq!(t.resident(), res.iter().filter(|&&r| r).count());
+        assert_eq!(sim.t.resident(), sim.res.iter().filter(|&&r| r).count());
         Outcome {
             half: half as f64 / (sc.accesses - sc.accesses / 2) as f64,
             last_quarter: quarter as f64 / (sc.accesses - sc.accesses * 3 / 4) as f64,
@@ -1208,12 +1230,6 @@ mod tests {
             assert!(clock.half <= fifo.half * 0.70);
         }
     }
-}
-
-#[cfg(test)]
-mod recency_tests {
-    use super::*;
-    use zmem_workload::{small_rng, Zipf};
 
     /// Runs `steps` accesses of `next` over `n` pages with `budget` resident; returns the
     /// faults per access over the second half and the tracker.
@@ -1224,29 +1240,14 @@ mod recency_tests {
         steps: usize,
         mut next: impl FnMut(usize) -> usize,
     ) -> (f64, Tracker) {
-        let mut t = Tracker::new(n, kind);
-        let mut res = vec![false; n];
-        let (mut resident, mut faults) = (0usize, 0u64);
-        let mut out = Vec::new();
+        let mut sim = Sim::new(kind, n, budget, 1);
+        let mut faults = 0u64;
         for i in 0..steps {
-            let p = next(i);
-            if res[p] {
-                continue;
+            if sim.access(next(i) as u32) && i >= steps / 2 {
+                faults += 1;
             }
-            faults += u64::from(i >= steps / 2);
-            if resident >= budget {
-                out.clear();
-                t.pick(1, &mut out);
-                for &v in &out {
-                    res[v as usize] = false;
-                    resident -= 1;
-                }
-            }
-            t.insert(p as u32);
-            res[p] = true;
-            resident += 1;
         }
-        (faults as f64 / (steps - steps / 2) as f64, t)
+        (faults as f64 / (steps - steps / 2) as f64, sim.t)
     }
 
     /// A producer writes page i of a ring 4x the budget while its consumer reads page

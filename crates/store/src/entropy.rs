@@ -271,7 +271,8 @@ impl StoreCore {
             return 0;
         };
         later.adjust_wait();
-        let urgent = self.entropy_urgent();
+        // (An empty queue has nothing due either way: no need for `entropy_urgent`'s look.)
+        let urgent = self.inner.saves_little();
         let mut tried = 0;
         while tried < max {
             let Some(index) = later.pop_due(urgent) else {
