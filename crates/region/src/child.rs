@@ -70,6 +70,22 @@ const HOLDS: u64 = u64::MAX - 1;
 /// `Request::n`: every page only the parent held is in the child now; the parent closes the
 /// link next, and that is no loss.
 const HANDED_OFF: u64 = u64::MAX;
+/// `Request::n`: this link is not the one of the space that serves the child's pages (a raw
+/// fork's FORK event took the link a glibc fork's hook made); they are served there, only not
+/// evicted from the child, and the link's closing is no loss either.
+const LET_GO: u64 = u64::MAX - 2;
+
+impl Request {
+    /// A word about the child's pages (`HOLDS`, `HANDED_OFF`, `LET_GO`).
+    fn word(n: u64, value: u64) -> Request {
+        let mut r = Request {
+            n,
+            pages: [0; CHILD_SLOTS],
+        };
+        r.pages[0] = value;
+        r
+    }
+}
 
 /// Child to parent: the child's pid (for process_vm_readv), and per page 0 (moved) or errno.
 /// The thread's first message, before any request, carries the pid only.
@@ -221,11 +237,7 @@ impl Shared {
             return None; // a grandchild's fork ran in its parent, which has no hooks
         }
         let a = self.fork_link.lock().0.take()?;
-        let mut holds = Request {
-            n: HOLDS,
-            pages: [0; CHILD_SLOTS],
-        };
-        holds.pages[0] = stored as u64;
+        let holds = Request::word(HOLDS, stored as u64);
         let sent = self.child_uffd_sent.swap(false, Relaxed);
         if (!sent && fds::send_fd(a.as_raw_fd(), child_uffd.raw()).is_err())
             || !send_msg(a.as_raw_fd(), &holds)
@@ -312,6 +324,15 @@ impl Shared {
                     l.evicts = false;
                     return 0;
                 }
+            }
+            if !self.space_serves(s, l.pid) {
+                // Another child's thread: a batch would move that child's pages out and store
+                // them as this one's. The link goes where it belongs.
+                let l = link.take().expect("checked above");
+                drop(link);
+                s.inner.lock().child = None;
+                self.rehome_link(l);
+                return 0;
             }
         }
         let mut req = Request {
@@ -470,17 +491,7 @@ impl Shared {
             return true;
         }
         let link = self.fork_link.lock();
-        let Some(a) = link.0.as_ref() else {
-            return false;
-        };
-        let mut p = libc::pollfd {
-            fd: a.as_raw_fd(),
-            events: 0,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; timeout 0 never blocks.
-        unsafe { libc::poll(&mut p, 1, 0) };
-        p.revents & (libc::POLLHUP | libc::POLLERR) == 0
+        link.0.as_ref().is_some_and(|a| !peer_closed(a.as_raw_fd()))
     }
 
     fn hand_off(&self, s: &Space) -> usize {
@@ -538,19 +549,114 @@ impl Shared {
             }
         }
         if let Some(l) = s.link.lock().take() {
-            let done = Request {
-                n: HANDED_OFF,
-                pages: [0; CHILD_SLOTS],
-            };
-            send_msg(l.sock, &done);
+            send_msg(l.sock, &Request::word(HANDED_OFF, 0));
         }
         handed
+    }
+
+    /// The link of a child space whose process is gone. Its thread's end closed with it; still
+    /// open, it is another live process's (a raw fork's FORK event took the link a glibc fork's
+    /// hook made, so the raw child's space held the glibc child's link), which must not read
+    /// the close as its parent's death: it moves to that process's space, or its thread is told
+    /// to end without that verdict. (A glibc child was killed as orphaned when a raw child
+    /// beside it exited: this test file's fork tests, run in parallel on a loaded machine.)
+    pub(crate) fn pass_on_link(&self, mut l: ChildLink) {
+        if peer_closed(l.sock) {
+            return;
+        }
+        if l.pid == 0 {
+            // Its hello comes as soon as its thread runs; a thread that does not say who it is
+            // within this cannot be placed.
+            match self.receive_reply_within(l.sock, Duration::from_secs(2)) {
+                Some(hello) => l.pid = hello.pid,
+                None => {
+                    send_msg(l.sock, &Request::word(LET_GO, 0));
+                    return;
+                }
+            }
+        }
+        let _evicting = self.evict_lock.lock();
+        self.rehome_link(l);
+    }
+
+    /// Link `l`, whose thread runs in process `l.pid`, sits in no space of that process: it
+    /// moves to the child space (one without a link) whose userfaultfd serves `l.pid`, and the
+    /// thread hears what that space holds; with none found, the thread is told to let go.
+    /// `evict_lock` is held.
+    fn rehome_link(&self, mut l: ChildLink) {
+        let children: Vec<Arc<Space>> = self.children.lock().clone();
+        for c in children {
+            if c.dead.load(Relaxed) {
+                continue;
+            }
+            let mut link = c.link.lock();
+            if link.is_some() || !self.space_serves(&c, l.pid) {
+                continue;
+            }
+            let stored = c
+                .inner
+                .lock()
+                .state
+                .iter_touched()
+                .filter(|&(_, st)| st == Stored)
+                .count();
+            if send_msg(l.sock, &Request::word(HOLDS, stored as u64)) {
+                tracing::debug!("child {}: its eviction link found its own space", l.pid);
+                l.evicts = true;
+                c.inner.lock().child = Some(ChildPages::new());
+                *link = Some(l);
+            }
+            return;
+        }
+        send_msg(l.sock, &Request::word(LET_GO, 0));
+    }
+
+    /// Whether child space `c`'s userfaultfd serves process `pid`: a page mapped through it
+    /// into one of the child's empty staging pages is then present in `pid`'s memory (the
+    /// FORK message says nothing of the child it is for). `evict_lock` is held: no child batch
+    /// fills or empties staging pages meanwhile. The last pages are used (the first two are
+    /// the thread's own check, `Uffd::serves_this_process`); a page mapped into another
+    /// process stays there until its thread empties its staging pages, and the next look
+    /// takes the page before it.
+    fn space_serves(&self, c: &Space, pid: libc::pid_t) -> bool {
+        let slots = self.staging + STAGING_SLOTS * PAGE;
+        for k in (2..CHILD_SLOTS).rev() {
+            let slot = slots + k * PAGE;
+            match remote::page_present(pid, slot) {
+                Some(false) => {}
+                Some(true) => continue,
+                None => return false,
+            }
+            match retry_busy(|| c.uffd.copy(slot, self.zero_page.as_ptr(), PAGE)) {
+                Ok(()) => return remote::page_present(pid, slot) == Some(true),
+                Err(e) if e.code() == libc::EEXIST => continue,
+                Err(_) => return false,
+            }
+        }
+        false
     }
 
     /// Sends `req` and waits for the reply; None when the link is broken (or the region is
     /// being dropped).
     fn ask_child(&self, l: &ChildLink, req: &Request) -> Option<Reply> {
         send_msg(l.sock, req).then(|| self.receive_reply(l.sock))?
+    }
+
+    /// The child thread's next message within `limit`; None when the link is broken, the
+    /// region is being dropped or the time is up.
+    fn receive_reply_within(&self, fd: RawFd, limit: Duration) -> Option<Reply> {
+        let t0 = std::time::Instant::now();
+        loop {
+            match recv_msg::<Reply>(fd) {
+                Ok(reply) => return Some(reply),
+                Err(e) if e.code() == libc::EAGAIN && !self.stop.load(Relaxed) => {
+                    if t0.elapsed() >= limit {
+                        return None;
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
     }
 
     /// The child thread's next message; None when the link is broken (or the region is being
@@ -598,22 +704,32 @@ fn child_thread(
         close_raw(fd);
         if owed {
             // SAFETY: getpid has no preconditions.
-            orphaned(unsafe { libc::getpid() });
+            orphaned(
+                unsafe { libc::getpid() },
+                "no descriptor came over its link",
+            );
         }
         return;
     };
     // SAFETY: the descriptor just received is ours alone (moved high and protected, like
     // every zmem descriptor: the program cannot close it under us).
-    let uffd = unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(uffd)) };
-    if !uffd.serves_this_process(slots) {
-        // Another process's: a raw fork by another thread of the parent, whose FORK event was
-        // read during this fork, took this fork's link. Our own pages are still served (the
-        // parent holds our descriptor in another space); only their eviction from here is
-        // lost. Not an orphan: ending the link says so. (A test forking both ways at once had
-        // its glibc child killed here as orphaned when the raw child exited.)
+    let mut uffd = unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(uffd)) };
+    // The link carries the descriptor of every fork whose FORK event the parent read while it
+    // was open: a raw fork by another thread of the parent meanwhile sends its child's too,
+    // before ours or after it. Ours is the one that serves this process.
+    while !uffd.serves_this_process(slots) {
         drop(uffd);
-        close_raw(fd);
-        return;
+        match next_descriptor(fd) {
+            Some(next) => uffd = next,
+            None => {
+                // Ours never came: our pages are still served (the parent holds our
+                // descriptor in another space), only not evicted from here. Not an orphan:
+                // ending the link says so. (A test forking both ways at once had its glibc
+                // child killed here as orphaned when the raw child exited.)
+                close_raw(fd);
+                return;
+            }
+        }
     }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
@@ -633,7 +749,7 @@ fn child_thread(
                 owed = req.pages[0] > 0;
                 continue;
             }
-            HANDED_OFF => {
+            HANDED_OFF | LET_GO => {
                 handed_off = true;
                 break;
             }
@@ -655,7 +771,7 @@ fn child_thread(
     if owed && !handed_off {
         // Before the descriptor is dropped: until then the child's faults on lost pages wait
         // (for nobody), after it they would read zeros.
-        orphaned(pid);
+        orphaned(pid, "its link closed without a hand-off");
     }
     drop(uffd);
     close_raw(fd);
@@ -664,16 +780,37 @@ fn child_thread(
 /// The parent ended without handing this process its pages (killed, or crashed): they are
 /// gone, and the program would read zeros where its data was. It is stopped instead, with one
 /// line on stderr (formatted on this zmem thread, written with write(2)).
-fn orphaned(pid: libc::pid_t) {
+fn orphaned(pid: libc::pid_t, how: &str) {
     let msg = format!(
         "zmem: process {pid} stopped: the process it was forked from ended (killed?) while \
-         holding some of its memory compressed; those pages are lost\n"
+         holding some of its memory compressed; those pages are lost ({how})\n"
     );
     // SAFETY: writing our own buffer to stderr, then ending this process.
     unsafe {
         libc::write(2, msg.as_ptr().cast(), msg.len());
         libc::kill(pid, libc::SIGKILL);
     }
+}
+
+/// The next descriptor on the link, if its next message is one (waits for that message).
+fn next_descriptor(fd: RawFd) -> Option<Uffd> {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte peek into our own buffer; MSG_TRUNC makes it return the message's
+    // whole length (a descriptor travels with one byte, every request is longer).
+    let len = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_TRUNC,
+        )
+    };
+    if len != 1 {
+        return None;
+    }
+    let next = fds::recv_fd(fd).map(fds::move_high).ok()?;
+    // SAFETY: the descriptor just received is ours alone, moved high and protected.
+    Some(unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(next)) })
 }
 
 /// Sends one message (a plain-old-data struct) on the link.
@@ -695,6 +832,13 @@ fn recv_msg<T: Copy>(fd: RawFd) -> Result<T, Errno> {
         if got == len as isize {
             // SAFETY: fully written, and every bit pattern is a valid Request or Reply.
             return Ok(unsafe { msg.assume_init() });
+        }
+        // One byte: a descriptor the parent sent for another fork (a raw fork's, read while
+        // this link was open); its SCM_RIGHTS went nowhere (no room given), so the kernel
+        // closed it. Read as a short message, it ended the link: a glibc child of a test
+        // beside a raw-forking one was killed as orphaned.
+        if got == 1 && len != 1 {
+            continue;
         }
         let e = Errno::last();
         // ECONNRESET: the peer closed with a message of ours unread; it is reported once,
@@ -722,6 +866,19 @@ fn new_pair(pair: &parking_lot::Mutex<(Option<OwnedFd>, Option<OwnedFd>)>) {
 /// Closes one of zmem's protected descriptors (raw close(2), past the preload library).
 fn close_protected(fd: OwnedFd) {
     close_raw(std::os::fd::IntoRawFd::into_raw_fd(fd));
+}
+
+/// Whether the other end of socket `fd` is closed (every process holding it closed it or
+/// ended). Never blocks.
+fn peer_closed(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; timeout 0 never blocks.
+    unsafe { libc::poll(&mut p, 1, 0) };
+    p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 pub(crate) fn close_raw(fd: RawFd) {

@@ -142,6 +142,7 @@ fn parent() {
     let registry = REGISTRY.lock();
     for s in registry.iter().filter_map(Weak::upgrade) {
         s.parent_side_of_link();
+        crate::manager::test_pause(&s.fork_parent_hold_us);
         s.fork_gate_open();
     }
     // Returns before the handler has taken the child's snapshot: until then the program's
@@ -660,8 +661,8 @@ impl Shared {
 
     /// Drops the spaces of children that have exited (their mm is gone: ESRCH).
     pub fn reap_children(&self) {
-        let mut children = self.children.lock();
-        children.retain(|c| {
+        let mut reaped = Vec::new();
+        self.children.lock().retain(|c| {
             // A copy to a low address that is never part of a region: ESRCH when the child's
             // memory is gone; otherwise an error that changes nothing.
             let probe = c.uffd.copy(0x10000, self.zero_page.as_ptr(), PAGE);
@@ -671,8 +672,15 @@ impl Shared {
                 if let Some(h) = &c.heir {
                     h.mark_dead();
                 }
+                reaped.push(c.clone());
             }
             !gone
         });
+        for c in reaped {
+            let link = c.link.lock().take();
+            if let Some(l) = link {
+                self.pass_on_link(l);
+            }
+        }
     }
 }

@@ -309,6 +309,7 @@ impl Region {
             range_events_deferred: AtomicUsize::new(0),
             event_delay_us: AtomicU64::new(0),
             fork_hold_us: AtomicU64::new(0),
+            fork_parent_hold_us: AtomicU64::new(0),
             run_delay_us: AtomicU64::new(0),
             populate_delay_us: AtomicU64::new(0),
             mapped_delay_us: AtomicU64::new(0),
@@ -601,6 +602,16 @@ impl Region {
     pub fn hold_forks_for_tests(&self, delay: Duration) {
         self.shared()
             .fork_hold_us
+            .store(delay.as_micros() as u64, Relaxed);
+    }
+
+    /// Tests only: the fork's parent hook waits `delay` before it lets this region's threads go
+    /// (the child's FORK event read, its link not taken yet), as a forking thread preempted
+    /// there does.
+    #[doc(hidden)]
+    pub fn hold_forks_after_for_tests(&self, delay: Duration) {
+        self.shared()
+            .fork_parent_hold_us
             .store(delay.as_micros() as u64, Relaxed);
     }
 

@@ -577,6 +577,9 @@ pub(crate) struct Shared {
     /// Tests only (`Region::hold_forks_for_tests`): microseconds the fork's prepare hook waits
     /// after parking the region's threads, as a forking thread preempted there does.
     pub fork_hold_us: AtomicU64,
+    /// Tests only (`Region::hold_forks_after_for_tests`): microseconds the fork's parent hook
+    /// waits before letting the region's threads go (the FORK event read, the link not taken).
+    pub fork_parent_hold_us: AtomicU64,
     /// Tests only (`Region::delay_fault_around_for_tests`): microseconds a fault waits between
     /// reading a run of pages and mapping it.
     pub run_delay_us: AtomicU64,

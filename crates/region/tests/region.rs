@@ -420,7 +420,13 @@ fn pages_lz4_cannot_shrink_are_entropy_coded_once_they_stay_away() {
     }
     let st0 = r.stats().store;
     assert!(st0.entropy_deferred as usize > pages / 2, "{st0:?}");
-    assert_eq!(st0.huge_pages, st0.entropy_deferred, "{st0:?}");
+    // Deferred pages are stored raw until their try; a pool that saves little (all of it here)
+    // has the evictor make tries while the fill still runs, so some may have won already.
+    assert!(st0.huge_pages <= st0.entropy_deferred, "{st0:?}");
+    assert!(
+        st0.huge_pages + st0.entropy_wins >= st0.entropy_deferred,
+        "{st0:?}"
+    );
     // The evictor tries 32 pages per round while the machine has idle CPU, and 8 per 100 ms
     // when it has none (a test run beside others): wait for a few rounds' worth, or all.
     let want = (st0.entropy_tries + 64).min(st0.entropy_tries + st0.entropy_deferred);
@@ -1288,6 +1294,54 @@ fn a_glibc_child_whose_link_a_raw_fork_took_lives_on() {
     wait_for_child(pid);
 }
 
+/// A raw fork by another thread while a glibc fork's parent hook runs (the glibc child's FORK
+/// event read, its link not taken yet): the raw child's descriptor goes over the glibc child's
+/// link after the child's own. The child's thread read it as a short request, took the link
+/// for closed and killed its process as orphaned (found as SIGKILLed children of this file's
+/// fork tests run in parallel, in CI and under load).
+#[test]
+fn a_glibc_child_whose_link_carries_a_raw_forks_descriptor_lives_on() {
+    let Some(r) = region(8 * MIB, MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 5);
+    }
+    // The parent hook waits 300 ms before the handlers go on; the raw fork comes 100 ms in.
+    r.hold_forks_after_for_tests(Duration::from_millis(300));
+    let raw = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: a raw fork; the child sleeps and leaves.
+        let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: plain sleep, then leaving without the parent's destructors.
+            unsafe {
+                libc::usleep(500_000);
+                libc::_exit(0)
+            };
+        }
+        wait_for_child(pid);
+    });
+    // SAFETY: the child only reads region memory, sleeps and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // Long enough for the parent to reap the raw child's space (once a second).
+        // SAFETY: plain sleep.
+        unsafe { libc::usleep(3_000_000) };
+        let ok = (0..pages)
+            .step_by(7)
+            .all(|i| matches(page_mut(&r, i), i, 5));
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 12 }) };
+    }
+    raw.join().unwrap();
+    r.hold_forks_after_for_tests(Duration::ZERO);
+    wait_for_child(pid);
+}
+
 /// `rounds` forks (`raw`: the system call, else glibc's) of a child that checks a page of a
 /// live region, while another thread makes, touches and drops regions; a watchdog ends the
 /// process if a fork hangs (a fork waiting for a FORK event is killable, nothing else is).
@@ -1704,11 +1758,15 @@ fn a_page_dropped_and_written_again_while_it_was_being_evicted_keeps_its_new_con
         fill(page_mut(&r, i), i, 1);
     }
     assert_eq!(r.stats().evictions, 0, "{:?}", r.stats());
-    r.delay_moves_for_tests(Duration::from_millis(300));
+    r.delay_moves_for_tests(Duration::from_millis(1000));
     // Faults are quiet: the evictor shrinks the region to the new budget (picks, waits, moves).
     std::thread::sleep(Duration::from_millis(50));
     r.set_budget(2 * MIB).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    // Waited for: on a loaded machine the evictor ran its first pick 100 ms late.
+    let t0 = Instant::now();
+    while r.stats().staged == 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
     assert!(r.stats().staged > 0, "{:?}", r.stats());
     // SAFETY: our region's pages; their content is written again right after.
     let rc = unsafe { libc::madvise(r.as_ptr().cast(), pages * PAGE, libc::MADV_DONTNEED) };
@@ -1751,6 +1809,7 @@ fn a_page_dropped_while_fault_around_reads_it_reads_zeros() {
     // read as zeros afterwards, not come back with its old content after the kernel's zap.
     let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
     cfg.fault_route = zmem_region::FaultRoute::Signal;
+    cfg.trace_pages = true;
     let Some(r) = region_with(cfg) else {
         return;
     };
@@ -1782,10 +1841,13 @@ fn a_page_dropped_while_fault_around_reads_it_reads_zeros() {
         )
     };
     assert_eq!(rc, 0);
-    assert!(
-        page_mut(&r, dropped).iter().all(|&b| b == 0),
-        "page {dropped} after DONTNEED"
-    );
+    let zeros = page_mut(&r, dropped).iter().all(|&b| b == 0);
+    if !zeros {
+        // How it went wrong: the page's changes of state and the line of zmem behind each
+        // (failed 3 times in 5 runs of this file beside busy loops on both vCPUs only).
+        eprintln!("page {dropped}: {:#?}", r.page_history_for_tests(dropped));
+    }
+    assert!(zeros, "page {dropped} after DONTNEED");
     walker.join().unwrap();
     r.delay_fault_around_for_tests(Duration::ZERO);
     for i in (0..pages).filter(|&i| i != dropped) {
