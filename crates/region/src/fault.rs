@@ -298,6 +298,23 @@ impl Shared {
             crate::manager::test_pause(&self.run_delay_us);
             s.inner.lock()
         });
+        if let Some(inner) = held.as_mut() {
+            if self.range_events_deferred.load(Acquire) > 0 && !self.is_forking_thread() {
+                // A range event read during a fork (another thread's, anywhere in the process)
+                // waits for its snapshot, unapplied (`range_events_deferred`): it may drop a
+                // page of this run, which the kernel zaps as soon as the event is read, and
+                // mapping the page now would bring its old content back for good ("page 10
+                // after DONTNEED" in a test beside forking ones on a loaded machine). The run
+                // is given up; the fault comes again once the event is applied.
+                let _ = inner.runs.finish(lo);
+                for (j, &kind) in kinds.iter().enumerate() {
+                    if inner.state.get(lo + j) == Faulting {
+                        inner.state.set(lo + j, kind);
+                    }
+                }
+                return Served::Retry;
+            }
+        }
         let (first, end) = match held.as_mut() {
             Some(inner) => {
                 let dropped = inner.runs.finish(lo) & !(1u64 << mine);

@@ -1857,6 +1857,72 @@ fn a_page_dropped_while_fault_around_reads_it_reads_zeros() {
 }
 
 #[test]
+fn a_page_dropped_during_a_fork_while_fault_around_reads_it_reads_zeros() {
+    // As above, with a fork by another thread in progress when the page is dropped: the
+    // handlers, parked for the fork, read the REMOVE event (the program's madvise returns and
+    // the kernel zaps the page) but apply it only after the child's snapshot. The run, mapped
+    // meanwhile, put the page's old content back for good (failed under load beside this
+    // file's forking tests).
+    let mut cfg = RegionConfig::new(16 * MIB, Budget::Fixed(MIB));
+    cfg.fault_route = zmem_region::FaultRoute::Signal;
+    cfg.trace_pages = true;
+    let Some(r) = region_with(cfg) else {
+        return;
+    };
+    let r = Arc::new(r);
+    let pages = 4 * MIB as usize / PAGE;
+    for i in 0..pages {
+        fill(page_mut(&r, i), i, 1);
+    }
+    wait_for_room_below_budget(&r);
+    let dropped = 10;
+    r.delay_fault_around_for_tests(Duration::from_millis(300));
+    let walker = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            for i in 0..=3 {
+                check(page_mut(&r, i), i, 1);
+            }
+        })
+    };
+    // The fork's prepare hook holds the region's threads parked for 600 ms.
+    std::thread::sleep(Duration::from_millis(50));
+    r.hold_forks_for_tests(Duration::from_millis(600));
+    let forker = std::thread::spawn(|| {
+        // SAFETY: the child calls _exit at once.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: leaving the child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        wait_for_child(pid);
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: a page of our region that the walker's run holds; its content goes.
+    let rc = unsafe {
+        libc::madvise(
+            r.as_ptr().add(dropped * PAGE).cast(),
+            PAGE,
+            libc::MADV_DONTNEED,
+        )
+    };
+    assert_eq!(rc, 0);
+    let zeros = page_mut(&r, dropped).iter().all(|&b| b == 0);
+    if !zeros {
+        eprintln!("page {dropped}: {:#?}", r.page_history_for_tests(dropped));
+    }
+    assert!(zeros, "page {dropped} after DONTNEED during a fork");
+    forker.join().unwrap();
+    walker.join().unwrap();
+    r.hold_forks_for_tests(Duration::ZERO);
+    r.delay_fault_around_for_tests(Duration::ZERO);
+    for i in (0..pages).filter(|&i| i != dropped) {
+        check(page_mut(&r, i), i, 1);
+    }
+}
+
+#[test]
 fn pages_a_run_mapped_around_a_refused_own_page_are_resident() {
     // A walk's fault maps a run of pages; when its own page is refused (EAGAIN) and the others
     // map, the others are mapped for good: they must be recorded resident. They went back to
