@@ -106,7 +106,8 @@ impl PageTarget for ZmemTarget {
         // stored page is idle (nothing touches the store between phases).
         self.store.flush()?;
         self.store.mark_idle();
-        self.store.recompress(codec, true);
+        let block_codec = self.store.policy().cold_block_codec().unwrap_or(codec);
+        self.store.recompress(codec, block_codec, true);
         Ok(true)
     }
 

@@ -343,6 +343,12 @@ fn configuration_and_names_are_checked() {
     assert_eq!(Policy::Fast.write_codec(), Codec::LZ4);
     assert_eq!(Policy::Balanced.write_codec(), Codec::Zstd { level: 1 });
     assert!(Policy::Auto.cold_codec().is_some());
+    // Blocks of idle pages take a denser level than the single pages of the cold pass.
+    assert_eq!(
+        Policy::Auto.cold_block_codec(),
+        Some(Codec::Zstd { level: 3 })
+    );
+    assert_eq!(Policy::Fast.cold_block_codec(), None);
     // A bad input completes with a typed error, not a panic.
     let engine = Engine::new(cfg()).unwrap();
     assert!(matches!(

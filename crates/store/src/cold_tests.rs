@@ -7,7 +7,7 @@ use zmem_codec::{CodecId, PAGE_SIZE};
 use zmem_engine::Policy;
 
 use crate::slot::{BLOCK, OBJECT};
-use crate::{ColdPressure, PageStore, StoreConfig};
+use crate::{ColdPressure, PageStore, StoreConfig, MAX_BLOCK_PAGES};
 
 /// Text that lz4 shrinks and zstd shrinks further, distinct per seed (the store tests' own).
 fn text(seed: u64) -> Vec<u8> {
@@ -177,11 +177,43 @@ fn the_table_walks_stop_at_the_highest_stored_page_and_reach_it() {
     s.discard(40_000).unwrap();
     s.write(40_000, &text(7)).unwrap();
     let cold = Policy::Auto.cold_codec().unwrap();
-    let st = s.recompress(cold, false);
+    let st = s.recompress(cold, Policy::Auto.cold_block_codec().unwrap(), false);
     assert_eq!(st.pages_recompressed, 2, "{st:?}");
     let mut b = vec![0u8; PAGE_SIZE];
     s.read(40_000, &mut b).unwrap();
     assert_eq!(b, text(7));
     s.read(10, &mut b).unwrap();
     assert_eq!(b, text(10));
+}
+
+#[test]
+fn aligned_idle_runs_become_blocks_of_the_block_codec() {
+    // The same 64 KiB of text recompressed into one block with zstd-1 and with `auto`'s block
+    // codec: the denser one is used for the block (and every page reads back).
+    let sizes: Vec<u64> = [Policy::Auto.cold_codec(), Policy::Auto.cold_block_codec()]
+        .into_iter()
+        .map(|block| {
+            let mut cfg = StoreConfig::new(1 << 10, Policy::Auto);
+            cfg.recompress_interval = None;
+            let s = PageStore::new(cfg).unwrap();
+            for i in 0..MAX_BLOCK_PAGES as u64 {
+                s.write(i, &text(i)).unwrap();
+            }
+            let st = s.recompress(Policy::Auto.cold_codec().unwrap(), block.unwrap(), false);
+            assert_eq!(st.pages_recompressed, MAX_BLOCK_PAGES as u64, "{st:?}");
+            assert_eq!(s.stats().block_pages, MAX_BLOCK_PAGES as u64);
+            let mut b = vec![0u8; PAGE_SIZE];
+            for i in 0..MAX_BLOCK_PAGES as u64 {
+                s.read(i, &mut b).unwrap();
+                assert_eq!(b, text(i), "page {i}");
+            }
+            s.stats().compr_data_size
+        })
+        .collect();
+    assert!(
+        sizes[1] < sizes[0],
+        "zstd-1 block {} bytes, block codec {}",
+        sizes[0],
+        sizes[1]
+    );
 }

@@ -46,6 +46,7 @@ impl StoreCore {
     ) -> Result<(Arc<AtomicBool>, JoinHandle<()>), StoreError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let block_codec = core.policy.cold_block_codec().unwrap_or(codec);
         let h = zmem_os::thread::spawn("zmem-recompress".into(), move || {
             let mut last = Instant::now();
             let mut last_trickle = Instant::now();
@@ -83,7 +84,7 @@ impl StoreCore {
                     // shortest (`ColdAge`: recompressed pages do not come back). Both walk the
                     // page table up to the highest page stored: skipped with the pass.
                     if after_ms <= crate::COLD_AFTER_MS || pressed {
-                        let s = core.recompress(codec, true);
+                        let s = core.recompress(codec, block_codec, true);
                         tracing::debug!(?s, "idle recompression pass");
                         core.mark_idle();
                     }
@@ -118,11 +119,16 @@ impl StoreCore {
         }
     }
 
-    /// Recompresses stored pages with `codec` (zram's recompression): aligned runs of
-    /// `MAX_BLOCK_PAGES` single-page objects become one block, other single pages are
-    /// recompressed alone; a result is kept only if it is smaller. With `only_idle`, only pages
-    /// marked idle and untouched since are considered.
-    pub fn recompress(&self, codec: zmem_codec::Codec, only_idle: bool) -> RecompressStats {
+    /// Recompresses stored pages (zram's recompression): aligned runs of `MAX_BLOCK_PAGES`
+    /// single-page objects become one block with `block_codec`, other single pages are
+    /// recompressed alone with `codec`; a result is kept only if it is smaller. With
+    /// `only_idle`, only pages marked idle and untouched since are considered.
+    pub fn recompress(
+        &self,
+        codec: zmem_codec::Codec,
+        block_codec: zmem_codec::Codec,
+        only_idle: bool,
+    ) -> RecompressStats {
         let mut stats = RecompressStats::default();
         let group = MAX_BLOCK_PAGES as u64;
         let mut start = 0u64;
@@ -138,7 +144,7 @@ impl StoreCore {
             let all = end - start == group
                 && (start..end).all(|i| eligible(self.inner.slots[i as usize].peek()));
             if all {
-                self.recompress_block(start, codec, &eligible, &mut stats);
+                self.recompress_block(start, block_codec, &eligible, &mut stats);
             } else {
                 for i in start..end {
                     if eligible(self.inner.slots[i as usize].peek()) {
