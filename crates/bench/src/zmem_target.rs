@@ -106,8 +106,7 @@ impl PageTarget for ZmemTarget {
         // stored page is idle (nothing touches the store between phases).
         self.store.flush()?;
         self.store.mark_idle();
-        let block_codec = self.store.policy().cold_block_codec().unwrap_or(codec);
-        self.store.recompress(codec, block_codec, true);
+        self.store.recompress(codec, true);
         Ok(true)
     }
 

@@ -593,9 +593,8 @@ impl Shared {
             if link.is_some() || !self.space_serves(&c, l.pid) {
                 continue;
             }
-            let stored = c
-                .inner
-                .lock()
+            let mut inner = c.inner.lock();
+            let stored = inner
                 .state
                 .iter_touched()
                 .filter(|&(_, st)| st == Stored)
@@ -603,7 +602,7 @@ impl Shared {
             if send_msg(l.sock, &Request::word(HOLDS, stored as u64)) {
                 tracing::debug!("child {}: its eviction link found its own space", l.pid);
                 l.evicts = true;
-                c.inner.lock().child = Some(ChildPages::new());
+                inner.child = Some(ChildPages::new());
                 *link = Some(l);
             }
             return;
@@ -642,6 +641,13 @@ impl Shared {
         send_msg(l.sock, req).then(|| self.receive_reply(l.sock))?
     }
 
+    /// The child thread's next message; None when the link is broken (or the region is being
+    /// dropped).
+    fn receive_reply(&self, fd: RawFd) -> Option<Reply> {
+        // A child that is stopped (SIGSTOP) answers when it continues.
+        self.receive_reply_within(fd, Duration::MAX)
+    }
+
     /// The child thread's next message within `limit`; None when the link is broken, the
     /// region is being dropped or the time is up.
     fn receive_reply_within(&self, fd: RawFd, limit: Duration) -> Option<Reply> {
@@ -649,24 +655,12 @@ impl Shared {
         loop {
             match recv_msg::<Reply>(fd) {
                 Ok(reply) => return Some(reply),
+                // A receive timeout (`REPLY_POLL`): look whether to go on waiting.
                 Err(e) if e.code() == libc::EAGAIN && !self.stop.load(Relaxed) => {
                     if t0.elapsed() >= limit {
                         return None;
                     }
                 }
-                Err(_) => return None,
-            }
-        }
-    }
-
-    /// The child thread's next message; None when the link is broken (or the region is being
-    /// dropped).
-    fn receive_reply(&self, fd: RawFd) -> Option<Reply> {
-        loop {
-            match recv_msg::<Reply>(fd) {
-                Ok(reply) => return Some(reply),
-                // A child that is stopped (SIGSTOP) answers when it continues.
-                Err(e) if e.code() == libc::EAGAIN && !self.stop.load(Relaxed) => continue,
                 Err(_) => return None,
             }
         }
@@ -711,9 +705,7 @@ fn child_thread(
         }
         return;
     };
-    // SAFETY: the descriptor just received is ours alone (moved high and protected, like
-    // every zmem descriptor: the program cannot close it under us).
-    let mut uffd = unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(uffd)) };
+    let mut uffd = received_uffd(uffd);
     // The link carries the descriptor of every fork whose FORK event the parent read while it
     // was open: a raw fork by another thread of the parent meanwhile sends its child's too,
     // before ours or after it. Ours is the one that serves this process.
@@ -808,9 +800,14 @@ fn next_descriptor(fd: RawFd) -> Option<Uffd> {
     if len != 1 {
         return None;
     }
-    let next = fds::recv_fd(fd).map(fds::move_high).ok()?;
-    // SAFETY: the descriptor just received is ours alone, moved high and protected.
-    Some(unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(next)) })
+    fds::recv_fd(fd).map(fds::move_high).ok().map(received_uffd)
+}
+
+/// A userfaultfd received over the link, moved high and protected like every zmem descriptor
+/// (the program cannot close it under us).
+fn received_uffd(fd: OwnedFd) -> Uffd {
+    // SAFETY: the descriptor is ours alone.
+    unsafe { Uffd::from_raw(std::os::fd::IntoRawFd::into_raw_fd(fd)) }
 }
 
 /// Sends one message (a plain-old-data struct) on the link.

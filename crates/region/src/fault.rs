@@ -266,12 +266,7 @@ impl Shared {
                     // Corrupt data must not become silently wrong memory: SIGBUS.
                     let r = s.uffd.poison(s.page_addr(lo + k), PAGE);
                     let mut inner = s.inner.lock();
-                    let _ = inner.runs.finish(lo);
-                    for (j, &kind) in kinds.iter().enumerate() {
-                        if inner.state.get(lo + j) == Faulting {
-                            inner.state.set(lo + j, kind);
-                        }
-                    }
+                    abandon_run(&mut inner, lo, kinds);
                     if r.is_ok() {
                         inner.state.set(lo + k, Poisoned);
                         let _ = s.store.discard((lo + k) as u64);
@@ -298,25 +293,18 @@ impl Shared {
             crate::manager::test_pause(&self.run_delay_us);
             s.inner.lock()
         });
-        if let Some(inner) = held.as_mut() {
-            if self.range_events_deferred.load(Acquire) > 0 && !self.is_forking_thread() {
-                // A range event read during a fork (another thread's, anywhere in the process)
-                // waits for its snapshot, unapplied (`range_events_deferred`): it may drop a
-                // page of this run, which the kernel zaps as soon as the event is read, and
-                // mapping the page now would bring its old content back for good ("page 10
-                // after DONTNEED" in a test beside forking ones on a loaded machine). The run
-                // is given up; the fault comes again once the event is applied.
-                let _ = inner.runs.finish(lo);
-                for (j, &kind) in kinds.iter().enumerate() {
-                    if inner.state.get(lo + j) == Faulting {
-                        inner.state.set(lo + j, kind);
-                    }
-                }
-                return Served::Retry;
-            }
-        }
         let (first, end) = match held.as_mut() {
             Some(inner) => {
+                if self.range_events_deferred.load(Acquire) > 0 && !self.is_forking_thread() {
+                    // A range event read during a fork (another thread's, anywhere in the
+                    // process) waits for its snapshot, unapplied (`range_events_deferred`): it
+                    // may drop a page of this run, which the kernel zaps as soon as the event
+                    // is read, and mapping the page now would bring its old content back for
+                    // good ("page 10 after DONTNEED" in a test beside forking ones on a loaded
+                    // machine). The run is given up; the fault comes again once it is applied.
+                    abandon_run(inner, lo, kinds);
+                    return Served::Retry;
+                }
                 let dropped = inner.runs.finish(lo) & !(1u64 << mine);
                 let gone = |k: usize| dropped & (1u64 << k) != 0;
                 for k in (0..run).filter(|&k| gone(k)) {
@@ -567,6 +555,21 @@ impl Shared {
                 Served::Done
             }
             Ok(()) => Served::Done,
+        }
+    }
+}
+
+/// A run that will not be mapped: its pages still Faulting go back to what they were (their
+/// store entries untouched), and its record of pages dropped meanwhile is closed.
+fn abandon_run(
+    inner: &mut crate::manager::SpaceInner,
+    lo: usize,
+    kinds: &[crate::state::PageState],
+) {
+    let _ = inner.runs.finish(lo);
+    for (j, &kind) in kinds.iter().enumerate() {
+        if inner.state.get(lo + j) == Faulting {
+            inner.state.set(lo + j, kind);
         }
     }
 }

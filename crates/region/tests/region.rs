@@ -1251,47 +1251,10 @@ fn raw_forks_while_regions_are_dropped() {
 /// (found as a SIGKILLed child when this test file's fork tests ran beside each other).
 #[test]
 fn a_glibc_child_whose_link_a_raw_fork_took_lives_on() {
-    let Some(r) = region(8 * MIB, MIB) else {
-        return;
-    };
-    let pages = r.len() / PAGE;
-    for i in 0..pages {
-        fill(page_mut(&r, i), i, 4);
-    }
     // The glibc fork waits 300 ms in its prepare hook, the handlers parked; the raw fork comes
-    // 100 ms in, so its FORK event is read first.
-    r.hold_forks_for_tests(Duration::from_millis(300));
-    let raw = std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_millis(100));
-        // SAFETY: a raw fork; the child sleeps and leaves.
-        let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
-        assert!(pid >= 0);
-        if pid == 0 {
-            // Alive until the glibc child's thread has taken the link and waits on it.
-            // SAFETY: plain sleep, then leaving without the parent's destructors.
-            unsafe {
-                libc::usleep(1_000_000);
-                libc::_exit(0)
-            };
-        }
-        wait_for_child(pid);
-    });
-    // SAFETY: the child only reads region memory, sleeps and calls _exit.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0);
-    if pid == 0 {
-        // Long enough for the parent to reap the raw child's space (once a second).
-        // SAFETY: plain sleep.
-        unsafe { libc::usleep(3_500_000) };
-        let ok = (0..pages)
-            .step_by(7)
-            .all(|i| matches(page_mut(&r, i), i, 4));
-        // SAFETY: leaving the child without running the parent's destructors.
-        unsafe { libc::_exit(if ok { 0 } else { 12 }) };
-    }
-    raw.join().unwrap();
-    r.hold_forks_for_tests(Duration::ZERO);
-    wait_for_child(pid);
+    // 100 ms in, so its FORK event is read first. The raw child lives until the glibc child's
+    // thread has taken the link and waits on it.
+    glibc_fork_beside_a_raw_fork(Region::hold_forks_for_tests, 1_000_000, 3_500_000);
 }
 
 /// A raw fork by another thread while a glibc fork's parent hook runs (the glibc child's FORK
@@ -1301,16 +1264,24 @@ fn a_glibc_child_whose_link_a_raw_fork_took_lives_on() {
 /// fork tests run in parallel, in CI and under load).
 #[test]
 fn a_glibc_child_whose_link_carries_a_raw_forks_descriptor_lives_on() {
+    // The parent hook waits 300 ms before the handlers go on; the raw fork comes 100 ms in.
+    glibc_fork_beside_a_raw_fork(Region::hold_forks_after_for_tests, 500_000, 3_000_000);
+}
+
+/// A glibc fork held 300 ms by `hold` (one of the region's fork hooks), a raw fork by another
+/// thread 100 ms in whose child lives `raw_child_us`; the glibc child reads a page in seven
+/// after `child_us` (long enough for the parent to reap the raw child's space, once a second)
+/// and must find them all, alive.
+fn glibc_fork_beside_a_raw_fork(hold: fn(&Region, Duration), raw_child_us: u32, child_us: u32) {
     let Some(r) = region(8 * MIB, MIB) else {
         return;
     };
     let pages = r.len() / PAGE;
     for i in 0..pages {
-        fill(page_mut(&r, i), i, 5);
+        fill(page_mut(&r, i), i, 4);
     }
-    // The parent hook waits 300 ms before the handlers go on; the raw fork comes 100 ms in.
-    r.hold_forks_after_for_tests(Duration::from_millis(300));
-    let raw = std::thread::spawn(|| {
+    hold(&r, Duration::from_millis(300));
+    let raw = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
         // SAFETY: a raw fork; the child sleeps and leaves.
         let pid = unsafe { libc::syscall(libc::SYS_fork) } as libc::pid_t;
@@ -1318,7 +1289,7 @@ fn a_glibc_child_whose_link_carries_a_raw_forks_descriptor_lives_on() {
         if pid == 0 {
             // SAFETY: plain sleep, then leaving without the parent's destructors.
             unsafe {
-                libc::usleep(500_000);
+                libc::usleep(raw_child_us);
                 libc::_exit(0)
             };
         }
@@ -1328,17 +1299,16 @@ fn a_glibc_child_whose_link_carries_a_raw_forks_descriptor_lives_on() {
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0);
     if pid == 0 {
-        // Long enough for the parent to reap the raw child's space (once a second).
         // SAFETY: plain sleep.
-        unsafe { libc::usleep(3_000_000) };
+        unsafe { libc::usleep(child_us) };
         let ok = (0..pages)
             .step_by(7)
-            .all(|i| matches(page_mut(&r, i), i, 5));
+            .all(|i| matches(page_mut(&r, i), i, 4));
         // SAFETY: leaving the child without running the parent's destructors.
         unsafe { libc::_exit(if ok { 0 } else { 12 }) };
     }
     raw.join().unwrap();
-    r.hold_forks_after_for_tests(Duration::ZERO);
+    hold(&r, Duration::ZERO);
     wait_for_child(pid);
 }
 

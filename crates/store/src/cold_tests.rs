@@ -177,7 +177,7 @@ fn the_table_walks_stop_at_the_highest_stored_page_and_reach_it() {
     s.discard(40_000).unwrap();
     s.write(40_000, &text(7)).unwrap();
     let cold = Policy::Auto.cold_codec().unwrap();
-    let st = s.recompress(cold, Policy::Auto.cold_block_codec().unwrap(), false);
+    let st = s.recompress(cold, false);
     assert_eq!(st.pages_recompressed, 2, "{st:?}");
     let mut b = vec![0u8; PAGE_SIZE];
     s.read(40_000, &mut b).unwrap();
@@ -199,7 +199,7 @@ fn aligned_idle_runs_become_blocks_of_the_block_codec() {
             for i in 0..MAX_BLOCK_PAGES as u64 {
                 s.write(i, &text(i)).unwrap();
             }
-            let st = s.recompress(Policy::Auto.cold_codec().unwrap(), block.unwrap(), false);
+            let st = s.recompress_with(Policy::Auto.cold_codec().unwrap(), block.unwrap(), false);
             assert_eq!(st.pages_recompressed, MAX_BLOCK_PAGES as u64, "{st:?}");
             assert_eq!(s.stats().block_pages, MAX_BLOCK_PAGES as u64);
             let mut b = vec![0u8; PAGE_SIZE];

@@ -46,7 +46,6 @@ impl StoreCore {
     ) -> Result<(Arc<AtomicBool>, JoinHandle<()>), StoreError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let block_codec = core.policy.cold_block_codec().unwrap_or(codec);
         let h = zmem_os::thread::spawn("zmem-recompress".into(), move || {
             let mut last = Instant::now();
             let mut last_trickle = Instant::now();
@@ -84,7 +83,7 @@ impl StoreCore {
                     // shortest (`ColdAge`: recompressed pages do not come back). Both walk the
                     // page table up to the highest page stored: skipped with the pass.
                     if after_ms <= crate::COLD_AFTER_MS || pressed {
-                        let s = core.recompress(codec, block_codec, true);
+                        let s = core.recompress(codec, true);
                         tracing::debug!(?s, "idle recompression pass");
                         core.mark_idle();
                     }
@@ -120,10 +119,17 @@ impl StoreCore {
     }
 
     /// Recompresses stored pages (zram's recompression): aligned runs of `MAX_BLOCK_PAGES`
-    /// single-page objects become one block with `block_codec`, other single pages are
-    /// recompressed alone with `codec`; a result is kept only if it is smaller. With
-    /// `only_idle`, only pages marked idle and untouched since are considered.
-    pub fn recompress(
+    /// single-page objects become one block with the policy's block codec
+    /// (`Policy::cold_block_codec`, else `codec`), other single pages are recompressed alone
+    /// with `codec`; a result is kept only if it is smaller. With `only_idle`, only pages
+    /// marked idle and untouched since are considered.
+    pub fn recompress(&self, codec: zmem_codec::Codec, only_idle: bool) -> RecompressStats {
+        let block_codec = self.policy.cold_block_codec().unwrap_or(codec);
+        self.recompress_with(codec, block_codec, only_idle)
+    }
+
+    /// [`recompress`](Self::recompress) with the blocks' codec given.
+    pub(crate) fn recompress_with(
         &self,
         codec: zmem_codec::Codec,
         block_codec: zmem_codec::Codec,

@@ -187,7 +187,7 @@ fn check_against_model_pages(policy: Policy, block_pages: usize, pages: u64, ops
             }
             Op::Recompress => {
                 s.flush().unwrap();
-                s.recompress(Codec::Zstd { level: 1 }, Codec::Zstd { level: 1 }, false);
+                s.recompress_with(Codec::Zstd { level: 1 }, Codec::Zstd { level: 1 }, false);
             }
             Op::Group(mut idx, k, seed) => {
                 let mut seen = std::collections::HashSet::new();
@@ -598,7 +598,7 @@ fn recompression_improves_ratio_and_respects_idle_marks() {
     s.mark_idle();
     // Touch page 5: its run of 16 is no longer all idle, so only the other runs become blocks.
     read_page(&s, 5);
-    let r = s.recompress(Codec::Zstd { level: 1 }, Codec::Zstd { level: 1 }, true);
+    let r = s.recompress_with(Codec::Zstd { level: 1 }, Codec::Zstd { level: 1 }, true);
     assert_eq!(r.blocks_built, 3);
     assert_eq!(r.pages_recompressed, 48 + 15);
     let after = s.stats();
@@ -609,7 +609,7 @@ fn recompression_improves_ratio_and_respects_idle_marks() {
     assert_eq!(back, data);
     // A second pass has nothing left to do.
     assert_eq!(
-        s.recompress(Codec::Zstd { level: 1 }, Codec::Zstd { level: 1 }, false)
+        s.recompress_with(Codec::Zstd { level: 1 }, Codec::Zstd { level: 1 }, false)
             .pages_recompressed,
         1
     );
@@ -629,7 +629,7 @@ fn recompression_compacts_the_spans_it_empties() {
     for i in (0..pages).step_by(2) {
         read_page(&s, i);
     }
-    let r = s.recompress(Codec::Zstd { level: 1 }, Codec::Zstd { level: 1 }, true);
+    let r = s.recompress_with(Codec::Zstd { level: 1 }, Codec::Zstd { level: 1 }, true);
     assert_eq!(r.pages_recompressed, pages / 2);
     assert_eq!(r.blocks_built, 0);
     let st = s.stats();
