@@ -10,6 +10,10 @@ pub struct PoolConfig {
     pub max_span_pages: usize,
     /// Bytes of span memory the pool may take from the OS; `None` = unlimited.
     pub mem_limit: Option<u64>,
+    /// Objects larger than a page are stored as a run of their whole pages plus their tail as
+    /// an object of the page classes (exact, no partly used large spans; a read copies the two
+    /// parts together). Default true; false keeps them in the large size classes.
+    pub split_large_objects: bool,
 }
 
 impl Default for PoolConfig {
@@ -18,6 +22,7 @@ impl Default for PoolConfig {
             max_object_size: 64 * 1024 + 64,
             max_span_pages: 16,
             mem_limit: None,
+            split_large_objects: true,
         }
     }
 }

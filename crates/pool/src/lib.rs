@@ -15,6 +15,10 @@
 //!   map (slot -> handle-table index) used by compaction; the object bytes carry no header. Spans of a class are kept in
 //!   16 fullness buckets; allocation takes a slot from the fullest non-full span, and a span
 //!   whose last object is freed is released at once.
+//! * **Split objects.** An object larger than a page is stored as a run of its whole pages plus
+//!   its tail as an object of the page classes (module `split`): no rounding and no partly used
+//!   spans of large classes, for a copy on read. [`PoolConfig::split_large_objects`] turns it
+//!   off; the large classes are then used as above.
 //! * **Chunks.** Span pages come from 2 MiB anonymous mappings (`MAP_NORESERVE`, no huge pages)
 //!   carved into page runs by a per-chunk bitmap, so the number of mappings stays small (the
 //!   kernel allows 65530 per process). Chunks are indexed by their longest free run; a new span
@@ -44,7 +48,8 @@
 //!
 //! Modules: `config` (settings, errors), `stats`, `handle` (handle and table-entry encoding),
 //! `class` (the size-class table), `class_state` (one class's spans, buckets and handle table),
-//! `chunk` (the page-run allocator) and `compact` (compaction); this file is the pool itself.
+//! `chunk` (the page-run allocator), `compact` (compaction) and `split` (objects larger than a
+//! page); this file is the pool itself.
 
 mod chunk;
 mod class;
@@ -52,6 +57,7 @@ mod class_state;
 mod compact;
 mod config;
 mod handle;
+mod split;
 mod stats;
 
 use std::num::NonZeroU64;
@@ -66,6 +72,7 @@ use chunk::{ChunkAlloc, Run};
 use class::{ClassInfo, ClassTable, CLASS_STEP, MAX_OBJECT_SIZE_LIMIT, MAX_SPAN_PAGES_LIMIT};
 use class_state::{slot_ptr, Class, ClassState, Span, B_FULL, MAX_SPANS, NIL, SLOT_END, SLOT_FREE};
 use handle::{live_entry, GEN_MASK, H_CLASS_SHIFT, H_GEN_SHIFT, H_RESERVED_SHIFT};
+use split::{with_assembly, SplitObject, SplitTable, SPLIT_CLASS};
 
 pub use config::{PoolConfig, PoolError};
 pub use handle::Handle;
@@ -78,6 +85,8 @@ pub use zmem_os::PAGE_SIZE;
 pub struct Pool {
     max_object_size: usize,
     max_span_pages: usize,
+    /// Objects larger than a page are stored split (`split`).
+    split_large: bool,
     /// The size classes ([`Classes`]), built when first needed: building them is ~0.4 ms of
     /// CPU, which every process under zmem paid at start and at each fork though most never
     /// store a page. A pointer swapped in once (freed with the pool), not a lock: a fork in
@@ -90,6 +99,7 @@ pub struct Pool {
     /// Limit in bytes; u64::MAX = none.
     limit: AtomicU64,
     pages_compacted: AtomicU64,
+    split: SplitTable,
 }
 
 /// The size classes of a pool: what each object size gets, and each class's spans.
@@ -102,6 +112,10 @@ pub(crate) struct Classes {
 impl Classes {
     fn build(max_object_size: usize, max_span_pages: usize) -> Classes {
         let table = ClassTable::for_config(max_object_size, max_span_pages);
+        assert!(
+            table.infos.len() < SPLIT_CLASS,
+            "class ids reach the split class"
+        );
         let classes = (0..table.infos.len())
             .map(|_| Class {
                 state: RwLock::new(ClassState::new()),
@@ -157,12 +171,14 @@ impl Pool {
         Ok(Pool {
             max_object_size: config.max_object_size,
             max_span_pages: config.max_span_pages,
+            split_large: config.split_large_objects,
             lazy: AtomicPtr::new(std::ptr::null_mut()),
             chunks: ChunkAlloc::new(),
             pages_used: AtomicU64::new(0),
             pages_max: AtomicU64::new(0),
             limit: AtomicU64::new(config.mem_limit.unwrap_or(u64::MAX)),
             pages_compacted: AtomicU64::new(0),
+            split: SplitTable::new(),
         })
     }
 
@@ -207,6 +223,25 @@ impl Pool {
         if len == 0 || len > self.max_object_size {
             return None;
         }
+        if self.splits(len) {
+            let whole = len / PAGE_SIZE * PAGE_SIZE;
+            let tail = self.class_slot_size(len - whole).unwrap_or(0);
+            return Some(whole + tail);
+        }
+        self.class_slot_size(len)
+    }
+
+    /// Whether an object of `len` bytes is stored split: its whole pages apart from its tail
+    /// ([`PoolConfig::split_large_objects`]).
+    pub fn splits(&self, len: usize) -> bool {
+        self.split_large && len > PAGE_SIZE
+    }
+
+    /// The slot size of `len`'s class (None for 0).
+    fn class_slot_size(&self, len: usize) -> Option<usize> {
+        if len == 0 {
+            return None;
+        }
         let c = self.classes();
         let cid = *c.size_to_class.get((len - 1) / CLASS_STEP)? as usize;
         Some(c.infos.get(cid)?.size as usize)
@@ -235,7 +270,9 @@ impl Pool {
         let raw = h.to_raw();
         let gen = (raw >> H_GEN_SHIFT) & GEN_MASK;
         let cid = ((raw >> H_CLASS_SHIFT) & 0xffff) as usize;
-        let known = self.built().is_some_and(|c| cid < c.classes.len());
+        let known = self
+            .built()
+            .is_some_and(|c| cid < c.classes.len() || cid == SPLIT_CLASS);
         if raw >> H_RESERVED_SHIFT != 0 || gen == 0 || !known {
             return Err(PoolError::InvalidHandle(raw));
         }
@@ -355,6 +392,15 @@ impl Pool {
                 max: self.max_object_size,
             });
         }
+        if self.splits(len) {
+            return self.alloc_split(data);
+        }
+        self.alloc_in_class(data)
+    }
+
+    /// Stores `data` (1..=max_object_size bytes) in its size class.
+    fn alloc_in_class(&self, data: &[u8]) -> Result<Handle, PoolError> {
+        let len = data.len();
         let c = self.classes();
         let cid = c.size_to_class[(len - 1) / CLASS_STEP] as usize;
         let info = &c.infos[cid];
@@ -386,10 +432,71 @@ impl Pool {
         Ok(Self::encode(cid, idx, gen))
     }
 
+    /// Stores `data` (more than a page) split: its whole pages in a run of their own, the rest
+    /// in its size class. On error nothing was allocated.
+    fn alloc_split(&self, data: &[u8]) -> Result<Handle, PoolError> {
+        let pages = data.len() / PAGE_SIZE;
+        let whole = pages * PAGE_SIZE;
+        // Handles are checked against the built classes, split ones too.
+        self.classes();
+        self.reserve_pages(pages as u64)?;
+        let run = match self.chunks.alloc(pages) {
+            Ok(r) => r,
+            Err(e) => {
+                self.pages_used.fetch_sub(pages as u64, Relaxed);
+                return Err(e);
+            }
+        };
+        // SAFETY: the run is `pages` fresh pages owned by nobody else yet; `data` is caller
+        // memory, so the two cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), run.ptr.0.as_ptr(), whole) };
+        let tail = if whole < data.len() {
+            match self.alloc_in_class(&data[whole..]) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    self.release_run(run);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let obj = SplitObject {
+            run,
+            tail,
+            len: data.len() as u32,
+        };
+        match self.split.insert(obj) {
+            Ok((idx, gen)) => Ok(Self::encode(SPLIT_CLASS, idx, gen)),
+            Err((obj, e)) => {
+                self.drop_split(obj);
+                Err(e)
+            }
+        }
+    }
+
+    /// Frees the parts of a split object taken out of the table.
+    fn drop_split(&self, obj: SplitObject) {
+        if let Some(t) = obj.tail {
+            // The tail's handle was made by this pool and is owned by this object alone.
+            let freed = self.free(t);
+            debug_assert!(freed.is_ok(), "a split object's tail was already freed");
+        }
+        self.release_run(obj.run);
+    }
+
     /// Frees an object. A stale, invalid or double-freed handle returns
     /// [`PoolError::InvalidHandle`].
     pub fn free(&self, h: Handle) -> Result<(), PoolError> {
         let (cid, idx, gen) = self.decode(h)?;
+        if cid == SPLIT_CLASS {
+            let obj = self
+                .split
+                .remove(idx, gen)
+                .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
+            self.drop_split(obj);
+            return Ok(());
+        }
         let c = self.classes();
         let info = &c.infos[cid];
         let class = &c.classes[cid];
@@ -420,9 +527,55 @@ impl Pool {
     /// neither move nor be freed. `f` must not call into this pool.
     pub fn with_object<R>(&self, h: Handle, f: impl FnOnce(&[u8]) -> R) -> Result<R, PoolError> {
         let (cid, idx, gen) = self.decode(h)?;
+        if cid == SPLIT_CLASS {
+            return self.with_split(h, idx, gen, f);
+        }
+        self.with_class_object(h, cid, idx, gen, f)
+    }
+
+    /// [`Pool::with_object`] for a split object: its two parts copied into one buffer.
+    fn with_split<R>(
+        &self,
+        h: Handle,
+        idx: u32,
+        gen: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, PoolError> {
+        let st = self.split.state.read();
+        let obj = st
+            .get(idx, gen)
+            .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
+        let whole = obj.run.pages as usize * PAGE_SIZE;
+        // SAFETY: the run holds `whole` initialised bytes written at allocation; it is freed
+        // only after the object leaves the table, which needs the write lock this read lock
+        // excludes.
+        let pages = unsafe { std::slice::from_raw_parts(obj.run.ptr.0.as_ptr(), whole) };
+        with_assembly(|buf| {
+            buf.extend_from_slice(pages);
+            if let Some(t) = obj.tail {
+                // A tail is always a class object (never split itself).
+                let (cid, tidx, tgen) = self.decode(t)?;
+                self.with_class_object(t, cid, tidx, tgen, |b| buf.extend_from_slice(b))?;
+            }
+            debug_assert_eq!(buf.len(), obj.len as usize);
+            Ok(f(buf))
+        })
+    }
+
+    /// [`Pool::with_object`] for an object of a size class.
+    fn with_class_object<R>(
+        &self,
+        h: Handle,
+        cid: usize,
+        idx: u32,
+        gen: u64,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, PoolError> {
         let c = self.classes();
-        let info = &c.infos[cid];
-        let st = c.classes[cid].state.read();
+        let (Some(info), Some(class)) = (c.infos.get(cid), c.classes.get(cid)) else {
+            return Err(PoolError::InvalidHandle(h.to_raw()));
+        };
+        let st = class.state.read();
         let loc = st
             .resolve(idx, gen)
             .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
@@ -459,7 +612,9 @@ impl Pool {
                 (std::mem::size_of_val::<[Class]>(&c.classes)
                     + std::mem::size_of_val::<[ClassInfo]>(&c.infos)
                     + std::mem::size_of_val::<[u16]>(&c.size_to_class)) as u64
-            }) + self.chunks.metadata_bytes(),
+            }) + self.chunks.metadata_bytes()
+                + self.split.meta_bytes(),
+            split_objects: self.split.objects.load(Relaxed),
             ..PoolStats::default()
         };
         for c in self.built().map_or(&[][..], |c| &c.classes[..]) {
@@ -468,6 +623,9 @@ impl Pool {
             s.spans += c.spans.load(Relaxed);
             s.metadata_bytes += c.meta.load(Relaxed);
         }
+        // A split object's tail is an object of its class too: count the split object once.
+        s.objects = (s.objects + s.split_objects).saturating_sub(self.split.tails.load(Relaxed));
+        s.object_bytes += self.split.page_bytes.load(Relaxed);
         s
     }
 

@@ -22,6 +22,8 @@ pub struct PoolStats {
     pub objects: u64,
     /// Live spans.
     pub spans: u64,
+    /// Live objects stored split (whole pages plus a tail; in `objects` too).
+    pub split_objects: u64,
     /// Cumulative pages freed by [`Pool::compact`](crate::Pool::compact).
     pub pages_compacted: u64,
     /// Approximate bytes of pool bookkeeping (handle tables, span tables, reverse maps, ...).

@@ -113,7 +113,7 @@ fn bad_configs_and_messages() {
     let pool = Pool::new(PoolConfig {
         max_object_size: 1 << 20,
         max_span_pages: 32,
-        mem_limit: None,
+        ..PoolConfig::default()
     })
     .unwrap();
     let data = vec![0x5a; 1 << 20];

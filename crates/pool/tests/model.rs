@@ -37,7 +37,9 @@ fn check_model(pool: &Pool, live: &HashMap<Handle, (u64, usize)>) {
     assert_eq!(s.object_bytes, bytes);
     assert!(s.mem_used_total >= s.object_bytes);
     assert!(s.mem_used_max >= s.mem_used_total);
-    assert_eq!(s.mem_used_total == 0, s.spans == 0);
+    assert_eq!(s.mem_used_total == 0, s.spans + s.split_objects == 0);
+    let split = live.values().filter(|&&(_, len)| pool.splits(len)).count();
+    assert_eq!(s.split_objects, split as u64);
 }
 
 fn run(config: PoolConfig, ops: Vec<Op>) {
@@ -119,7 +121,12 @@ proptest! {
     }
 
     #[test]
+    fn unsplit_large_objects_match_model(ops in ops(PoolConfig::default().max_object_size)) {
+        run(PoolConfig { split_large_objects: false, ..PoolConfig::default() }, ops);
+    }
+
+    #[test]
     fn small_config_matches_model(ops in ops(3000)) {
-        run(PoolConfig { max_object_size: 3000, max_span_pages: 2, mem_limit: None }, ops);
+        run(PoolConfig { max_object_size: 3000, max_span_pages: 2, ..PoolConfig::default() }, ops);
     }
 }
