@@ -217,3 +217,52 @@ fn aligned_idle_runs_become_blocks_of_the_block_codec() {
         sizes[1]
     );
 }
+
+#[test]
+fn raw_pages_join_blocks_once() {
+    // Pages no codec shrinks alone: a run of four random pages each written four times (a
+    // block finds the repeats) and a run of sixteen different random pages (nothing to find).
+    let random = |seed: u64| crate::tests::content(3, seed);
+    let mut cfg = StoreConfig::new(1 << 10, Policy::Auto);
+    cfg.recompress_interval = None;
+    let s = PageStore::new(cfg).unwrap();
+    let group = MAX_BLOCK_PAGES as u64;
+    let page_of = |i: u64| {
+        if i < group {
+            random(i % 4)
+        } else {
+            random(100 + i)
+        }
+    };
+    for i in 0..2 * group {
+        s.write(i, &page_of(i)).unwrap();
+    }
+    assert_eq!(s.stats().huge_pages, 2 * group, "{:?}", s.stats());
+    let codec = Policy::Auto.cold_codec().unwrap();
+    let first = s.recompress(codec, false);
+    assert_eq!(
+        (first.blocks_built, first.blocks_failed),
+        (1, 1),
+        "{first:?}"
+    );
+    assert_eq!(s.stats().block_pages, group);
+    assert_eq!(s.stats().huge_pages, group);
+    // The failed run is not tried again; rewritten with text, its pages are.
+    let again = s.recompress(codec, false);
+    assert_eq!(
+        (again.blocks_built, again.blocks_failed),
+        (0, 0),
+        "{again:?}"
+    );
+    for i in group..2 * group {
+        s.write(i, &text(i)).unwrap();
+    }
+    let third = s.recompress(codec, false);
+    assert_eq!(third.blocks_built, 1, "{third:?}");
+    let mut b = vec![0u8; PAGE_SIZE];
+    for i in 0..2 * group {
+        s.read(i, &mut b).unwrap();
+        let want = if i < group { page_of(i) } else { text(i) };
+        assert!(b == want, "page {i}");
+    }
+}

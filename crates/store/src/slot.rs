@@ -6,6 +6,7 @@
 //!      bit  4       IDLE (set by mark_idle, cleared by any access; drives recompression)
 //!      bit  5       HUGE (stored raw: incompressible)
 //!      bit  6       LATER (stored raw, the entropy coder's try still to come: `entropy`)
+//!      bit  7       TRIED (stored raw, and a block of its run did not shrink: not tried again)
 //!      bits 8..16   position of this page in its block / pending buffer
 //!      bits 16..24  pages in that block / pending buffer
 //!      bits 24..28  codec id of the object
@@ -32,6 +33,9 @@ pub const LOCK: u64 = 1 << 3;
 pub const IDLE: u64 = 1 << 4;
 pub const HUGE: u64 = 1 << 5;
 pub const LATER: u64 = 1 << 6;
+/// A raw page whose run was tried as a block that did not shrink: the idle pass does not try
+/// it again while the page keeps this content (a rewrite makes a new state without it).
+pub const TRIED: u64 = 1 << 7;
 
 pub struct Slot {
     word: AtomicU64,

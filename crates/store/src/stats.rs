@@ -97,6 +97,8 @@ pub struct StoreStats {
 pub struct RecompressStats {
     pub pages_recompressed: u64,
     pub blocks_built: u64,
+    /// Runs compressed as a block that did not come out smaller (left as they were).
+    pub blocks_failed: u64,
     pub bytes_before: u64,
     pub bytes_after: u64,
 }
