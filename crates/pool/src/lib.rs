@@ -15,7 +15,7 @@
 //!   map (slot -> handle-table index) used by compaction; the object bytes carry no header. Spans of a class are kept in
 //!   16 fullness buckets; allocation takes a slot from the fullest non-full span, and a span
 //!   whose last object is freed is released at once.
-//! * **Split objects.** An object larger than a page is stored as a run of its whole pages plus
+//! * **Split objects.** An object of two pages or more is stored as a run of its whole pages plus
 //!   its tail as an object of the page classes (module `split`): no rounding and no partly used
 //!   spans of large classes, for a copy on read. [`PoolConfig::split_large_objects`] turns it
 //!   off; the large classes are then used as above.
@@ -48,8 +48,8 @@
 //!
 //! Modules: `config` (settings, errors), `stats`, `handle` (handle and table-entry encoding),
 //! `class` (the size-class table), `class_state` (one class's spans, buckets and handle table),
-//! `chunk` (the page-run allocator), `compact` (compaction) and `split` (objects larger than a
-//! page); this file is the pool itself.
+//! `chunk` (the page-run allocator), `compact` (compaction) and `split` (objects of two pages or
+//! more); this file is the pool itself.
 
 mod chunk;
 mod class;
@@ -72,7 +72,7 @@ use chunk::{ChunkAlloc, Run};
 use class::{ClassInfo, ClassTable, CLASS_STEP, MAX_OBJECT_SIZE_LIMIT, MAX_SPAN_PAGES_LIMIT};
 use class_state::{slot_ptr, Class, ClassState, Span, B_FULL, MAX_SPANS, NIL, SLOT_END, SLOT_FREE};
 use handle::{live_entry, GEN_MASK, H_CLASS_SHIFT, H_GEN_SHIFT, H_RESERVED_SHIFT};
-use split::{with_assembly, SplitObject, SplitTable, SPLIT_CLASS};
+use split::{with_assembly, SplitObject, SplitTable, SPLIT_CLASS, SPLIT_FROM};
 
 pub use config::{PoolConfig, PoolError};
 pub use handle::Handle;
@@ -85,7 +85,7 @@ pub use zmem_os::PAGE_SIZE;
 pub struct Pool {
     max_object_size: usize,
     max_span_pages: usize,
-    /// Objects larger than a page are stored split (`split`).
+    /// Objects of two pages or more are stored split (`split`).
     split_large: bool,
     /// The size classes ([`Classes`]), built when first needed: building them is ~0.4 ms of
     /// CPU, which every process under zmem paid at start and at each fork though most never
@@ -234,7 +234,7 @@ impl Pool {
     /// Whether an object of `len` bytes is stored split: its whole pages apart from its tail
     /// ([`PoolConfig::split_large_objects`]).
     pub fn splits(&self, len: usize) -> bool {
-        self.split_large && len > PAGE_SIZE
+        self.split_large && len >= SPLIT_FROM
     }
 
     /// The slot size of `len`'s class (None for 0).
@@ -533,7 +533,9 @@ impl Pool {
         self.with_class_object(h, cid, idx, gen, f)
     }
 
-    /// [`Pool::with_object`] for a split object: its two parts copied into one buffer.
+    /// [`Pool::with_object`] for a split object: its two parts copied into one buffer of this
+    /// thread's, and `f` called on that after the pool's locks are released (so an `f` that
+    /// stores into another pool never holds one pool's lock while it waits for another's).
     fn with_split<R>(
         &self,
         h: Handle,
@@ -541,23 +543,26 @@ impl Pool {
         gen: u64,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, PoolError> {
-        let st = self.split.state.read();
-        let obj = st
-            .get(idx, gen)
-            .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
-        let whole = obj.run.pages as usize * PAGE_SIZE;
-        // SAFETY: the run holds `whole` initialised bytes written at allocation; it is freed
-        // only after the object leaves the table, which needs the write lock this read lock
-        // excludes.
-        let pages = unsafe { std::slice::from_raw_parts(obj.run.ptr.0.as_ptr(), whole) };
         with_assembly(|buf| {
-            buf.extend_from_slice(pages);
-            if let Some(t) = obj.tail {
-                // A tail is always a class object (never split itself).
-                let (cid, tidx, tgen) = self.decode(t)?;
-                self.with_class_object(t, cid, tidx, tgen, |b| buf.extend_from_slice(b))?;
+            {
+                let st = self.split.state.read();
+                let obj = st
+                    .get(idx, gen)
+                    .ok_or(PoolError::InvalidHandle(h.to_raw()))?;
+                let whole = obj.run.pages as usize * PAGE_SIZE;
+                // SAFETY: the run holds `whole` initialised bytes written at allocation; it is
+                // freed only after the object leaves the table, which needs the write lock this
+                // read lock excludes.
+                buf.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(obj.run.ptr.0.as_ptr(), whole)
+                });
+                if let Some(t) = obj.tail {
+                    // A tail is always a class object (never split itself).
+                    let (cid, tidx, tgen) = self.decode(t)?;
+                    self.with_class_object(t, cid, tidx, tgen, |b| buf.extend_from_slice(b))?;
+                }
+                debug_assert_eq!(buf.len(), obj.len as usize);
             }
-            debug_assert_eq!(buf.len(), obj.len as usize);
             Ok(f(buf))
         })
     }

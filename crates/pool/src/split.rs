@@ -1,4 +1,4 @@
-//! Objects larger than a page, stored split: their whole pages as a run of their own (no
+//! Objects of two pages or more, stored split: their whole pages as a run of their own (no
 //! rounding, no slot left empty) and the bytes past the last whole page (the tail) as an
 //! ordinary object of the page classes, which are dense. Size classes above a page round an
 //! object up by up to a sixteenth and leave many partly used spans of few objects each; a
@@ -9,8 +9,9 @@
 //!
 //! A split object's handle carries the class id [`SPLIT_CLASS`], which no size class has, and
 //! an index into this table with the same 12 generation bits as the classes' handles. Lock
-//! order: this table's lock, then a class lock (a read assembles the tail under both); the
-//! tail's handle stays valid when compaction moves the tail.
+//! order: this table's lock, then a class lock (a read assembles the tail under both, and
+//! releases both before it hands the bytes on); the tail's handle stays valid when compaction
+//! moves the tail.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -20,6 +21,11 @@ use crate::chunk::Run;
 use crate::class_state::NIL;
 use crate::handle::next_gen;
 use crate::{Handle, PoolError, PAGE_SIZE};
+
+/// Objects from this length on are split. Not from one byte over a page: a page the store keeps
+/// raw is a 4100-byte object, and split it would cost every read of it a copy for nothing (its
+/// class already wastes little).
+pub(crate) const SPLIT_FROM: usize = 2 * PAGE_SIZE;
 
 /// The class id of split objects' handles (above every real class id: a pool has far fewer
 /// classes, checked when they are built).
