@@ -10,7 +10,7 @@ pub struct PoolConfig {
     pub max_span_pages: usize,
     /// Bytes of span memory the pool may take from the OS; `None` = unlimited.
     pub mem_limit: Option<u64>,
-    /// Objects of two pages or more are stored as a run of their whole pages plus their tail as
+    /// Objects larger than a page are stored as a run of their whole pages plus their tail as
     /// an object of the page classes (exact, no partly used large spans; a read copies the two
     /// parts together). Default true; false keeps them in the large size classes.
     pub split_large_objects: bool,

@@ -15,7 +15,7 @@
 //!   map (slot -> handle-table index) used by compaction; the object bytes carry no header. Spans of a class are kept in
 //!   16 fullness buckets; allocation takes a slot from the fullest non-full span, and a span
 //!   whose last object is freed is released at once.
-//! * **Split objects.** An object of two pages or more is stored as a run of its whole pages plus
+//! * **Split objects.** An object larger than a page is stored as a run of its whole pages plus
 //!   its tail as an object of the page classes (module `split`): no rounding and no partly used
 //!   spans of large classes, for a copy on read. [`PoolConfig::split_large_objects`] turns it
 //!   off; the large classes are then used as above.
@@ -48,8 +48,8 @@
 //!
 //! Modules: `config` (settings, errors), `stats`, `handle` (handle and table-entry encoding),
 //! `class` (the size-class table), `class_state` (one class's spans, buckets and handle table),
-//! `chunk` (the page-run allocator), `compact` (compaction) and `split` (objects of two pages or
-//! more); this file is the pool itself.
+//! `chunk` (the page-run allocator), `compact` (compaction) and `split` (objects larger than a
+//! page); this file is the pool itself.
 
 mod chunk;
 mod class;
@@ -85,7 +85,7 @@ pub use zmem_os::PAGE_SIZE;
 pub struct Pool {
     max_object_size: usize,
     max_span_pages: usize,
-    /// Objects of two pages or more are stored split (`split`).
+    /// Objects larger than a page are stored split (`split`).
     split_large: bool,
     /// The size classes ([`Classes`]), built when first needed: building them is ~0.4 ms of
     /// CPU, which every process under zmem paid at start and at each fork though most never
