@@ -106,7 +106,7 @@ impl StoreCore {
         let k = dest.len();
         let Ok((obj, enc)) =
             self.engine
-                .compress_now(self.policy.write_codec(), inner.dict.as_deref(), data)
+                .compress_now(self.policy.write_codec(), inner.dict(), data)
         else {
             return;
         };

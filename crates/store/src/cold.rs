@@ -239,7 +239,7 @@ impl StoreCore {
                     .ok()?;
             }
             self.engine
-                .compress_now(codec, inner.dict.as_deref(), &data[..n * PAGE_SIZE])
+                .compress_now(codec, inner.dict(), &data[..n * PAGE_SIZE])
                 .ok()
         });
         let Some((obj, enc)) =

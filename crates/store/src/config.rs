@@ -83,6 +83,10 @@ pub struct StoreConfig {
     pub block_pages: usize,
     /// Trained zstd dictionary used by zstd-based policies.
     pub dictionary: Option<Arc<Dictionary>>,
+    /// Without a `dictionary`: learn one from the first pages written and use it if it shrinks
+    /// later pages too (the `learn` module). On by default where the policy writes pages with
+    /// zstd (`balanced`, `max`).
+    pub learn_dictionary: bool,
     pub engine: EngineConfig,
     /// An accelerator (the GPU backend) that takes the batches of asynchronous writes of at
     /// least `engine.offload_min_bytes`; the CPU takes everything else and whatever it hands
@@ -116,6 +120,7 @@ impl StoreConfig {
             mem_limit: None,
             block_pages: 1,
             dictionary: None,
+            learn_dictionary: matches!(policy.write_codec(), zmem_codec::Codec::Zstd { .. }),
             engine: EngineConfig::default(),
             accelerator: None,
             recompress_interval: None,

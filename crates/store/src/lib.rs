@@ -21,6 +21,7 @@ mod blocks;
 mod cold;
 mod config;
 mod entropy;
+mod learn;
 mod lower;
 mod pending;
 mod read;
@@ -71,7 +72,9 @@ struct BlockMeta {
 struct Inner {
     slots: zmem_os::ZeroedTable<Slot>,
     pool: Pool,
-    dict: Option<Arc<Dictionary>>,
+    /// The dictionary of the zstd codecs: the configured one, or one learnt (`learn`).
+    dict: learn::DictCell,
+    learner: Option<learn::Learner>,
     counters: Counters,
     /// Live member pages per block object, by pool handle.
     blocks: Vec<Mutex<HashMap<u64, BlockMeta>>>,
@@ -186,7 +189,11 @@ impl PageStore {
         let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| Inner {
             slots,
             pool,
-            dict: cfg.dictionary.clone(),
+            dict: Arc::new(match &cfg.dictionary {
+                Some(d) => std::sync::OnceLock::from(Arc::clone(d)),
+                None => std::sync::OnceLock::new(),
+            }),
+            learner: (cfg.dictionary.is_none() && cfg.learn_dictionary).then(learn::Learner::new),
             counters: Counters::default(),
             blocks: (0..BLOCK_SHARDS)
                 .map(|_| Mutex::new(HashMap::new()))
@@ -410,6 +417,7 @@ impl StoreCore {
             entropy_deferred: c.entropy_deferred.load(Ordering::Relaxed),
             entropy_wait_ms: self.inner.later.as_ref().map_or(0, |l| l.wait_ms().into()),
             not_stored: c.not_stored.load(Ordering::Relaxed),
+            dictionary_bytes: inner.dict().map_or(0, |d| d.bytes().len() as u64),
             lower_pages: c.lower.load(Ordering::Relaxed),
             lower_bytes: c.lower_bytes.load(Ordering::Relaxed),
             lower_reads: c.lower_reads.load(Ordering::Relaxed),
@@ -482,6 +490,18 @@ impl Drop for StoreCore {
 }
 
 impl Inner {
+    /// The dictionary of the zstd codecs, if there is one yet.
+    pub(crate) fn dict(&self) -> Option<&Dictionary> {
+        self.dict.get().map(|d| &**d)
+    }
+
+    /// Lets the dictionary learner see a page being written with `codec` (not same-filled).
+    pub(crate) fn offer_sample(&self, page: &[u8], codec: zmem_codec::Codec) {
+        if let Some(l) = &self.learner {
+            l.offer(page, &self.dict, codec);
+        }
+    }
+
     /// Pages below `end` may be stored now.
     pub(crate) fn note_stored(&self, end: u64) {
         // A load first: the line stays shared while the heap does not grow.

@@ -232,10 +232,7 @@ impl StoreCore {
             }
         }
         let before: u64 = held.iter().map(|(st, _)| u64::from(st.len())).sum();
-        let Ok((obj, enc)) = self
-            .engine
-            .compress_now(codec, inner.dict.as_deref(), &data)
-        else {
+        let Ok((obj, enc)) = self.engine.compress_now(codec, inner.dict(), &data) else {
             unlock_all(&held);
             return;
         };
@@ -278,7 +275,7 @@ impl StoreCore {
         let mut page = [0u8; PAGE_SIZE];
         inner.decode_object(index, aux, &mut page).ok()?;
         self.engine
-            .compress_now(codec, inner.dict.as_deref(), &page)
+            .compress_now(codec, inner.dict(), &page)
             .ok()
             .filter(|(obj, enc)| obj.len() < st.len() as usize && enc.codec != CodecId::Raw)
     }

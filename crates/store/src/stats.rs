@@ -66,6 +66,10 @@ pub struct StoreStats {
     /// Pages offered with `write_if_smaller` that would not have saved memory (not stored).
     #[serde(default)]
     pub not_stored: u64,
+    /// Bytes of the zstd dictionary in use (configured or learnt from the first pages), 0 for
+    /// none (yet).
+    #[serde(default)]
+    pub dictionary_bytes: u64,
     /// Pages on the SSD tier and their compressed bytes there.
     #[serde(default)]
     pub lower_pages: u64,

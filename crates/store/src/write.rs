@@ -47,6 +47,7 @@ impl StoreCore {
             inner.install_same(index, word);
             return Ok(true);
         }
+        inner.offer_sample(page, self.policy.write_codec());
         let (obj, enc, later) = self.compress_page(page)?;
         // Over an SSD tier a page that does not compress still saves DRAM: it passes through
         // the pool raw and goes on to the log. A page whose entropy try is left for later is
@@ -90,28 +91,37 @@ impl StoreCore {
         self.check_range(index, 1)?;
         from.check_range(index, 1)?;
         let (inner, src) = (&self.inner, &from.inner);
-        let same_dict = match (&inner.dict, &src.dict) {
-            (None, None) => true,
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        };
-        if !same_dict || Arc::ptr_eq(inner, src) {
+        if Arc::ptr_eq(inner, src) {
             return Ok(false);
         }
+        // An object made with a dictionary is copied only where the same one decodes it (a
+        // store may learn its dictionary at any time, so this is asked of each object).
+        let decodes_here = |obj: &[u8]| match zmem_codec::peek_header(obj) {
+            Ok(h) if h.dict_id.is_none() => true,
+            Ok(_) => match (inner.dict.get(), src.dict.get()) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            },
+            Err(_) => false,
+        };
         let src_slot = &src.slots[index as usize];
         let (st, aux) = src_slot.lock();
         let copied = match st.kind() {
             SAME => Ok(Some((State::new(SAME), aux))),
             OBJECT => match Handle::from_raw(aux) {
-                Some(h) => match src.pool.with_object(h, |obj| inner.alloc(obj)) {
-                    Ok(Ok(handle)) => {
+                Some(h) => match src
+                    .pool
+                    .with_object(h, |obj| decodes_here(obj).then(|| inner.alloc(obj)))
+                {
+                    Ok(None) => Ok(None),
+                    Ok(Some(Ok(handle))) => {
                         let state = State::new(OBJECT)
                             .with_object(st.codec(), st.len() as usize)
                             .with_flag(HUGE, st.has(HUGE));
                         Ok(Some((state, handle.to_raw())))
                     }
-                    Ok(Err(zmem_pool::PoolError::LimitExceeded { .. })) => Ok(None),
-                    Ok(Err(e)) | Err(e) => Err(StoreError::from(e)),
+                    Ok(Some(Err(zmem_pool::PoolError::LimitExceeded { .. }))) => Ok(None),
+                    Ok(Some(Err(e))) | Err(e) => Err(StoreError::from(e)),
                 },
                 None => Ok(None),
             },
@@ -133,9 +143,7 @@ impl StoreCore {
     fn compress_page(&self, page: &[u8]) -> Result<(Vec<u8>, Encoded, bool), StoreError> {
         let inner = &self.inner;
         let codec = self.policy.write_codec();
-        let first = self
-            .engine
-            .compress_now(codec, inner.dict.as_deref(), page)?;
+        let first = self.engine.compress_now(codec, inner.dict(), page)?;
         if first.1.codec != CodecId::Raw || matches!(codec, Codec::Zstd { .. }) {
             return Ok((first.0, first.1, false));
         }
@@ -145,7 +153,7 @@ impl StoreCore {
         inner.counters.entropy_tries.fetch_add(1, Ordering::Relaxed);
         let second = self
             .engine
-            .compress_now(ENTROPY_CODEC, inner.dict.as_deref(), page)?;
+            .compress_now(ENTROPY_CODEC, inner.dict(), page)?;
         let won = second.1.codec != CodecId::Raw;
         if let Some(l) = inner.later.as_ref() {
             l.record(won);
@@ -204,13 +212,14 @@ impl StoreCore {
         for (k, p) in pages.iter().enumerate() {
             same[k] = zmem_codec::same_filled(p);
             if same[k].is_none() {
+                inner.offer_sample(p, self.policy.write_codec());
                 members[m] = k;
                 m += 1;
             }
         }
         let members = &members[..m];
         let codec = self.policy.write_codec();
-        let dict = inner.dict.as_deref();
+        let dict = inner.dict();
         // Allocate first: the pool objects for the compressible pages, as one block or one by
         // one. Nothing has changed yet if this fails.
         let mut block = None;
@@ -337,13 +346,18 @@ impl StoreCore {
                     inner.install_same(index + k as u64, w.unwrap_or(0));
                 }
             } else {
+                for (p, w) in bytes.chunks_exact(PAGE_SIZE).zip(&same) {
+                    if w.is_none() {
+                        inner.offer_sample(p, self.policy.write_codec());
+                    }
+                }
                 let input: Arc<[u8]> = Arc::from(bytes);
                 inner.mark_pending(index, &input);
                 jobs.push(Job {
                     tag: index,
                     input,
                     codec,
-                    dict: inner.dict.clone(),
+                    dict: inner.dict.get().cloned(),
                 });
             }
             pos += group;
@@ -405,11 +419,9 @@ impl StoreCore {
 
     /// Compresses pending data on this thread and installs it where it is still current.
     fn redo(&self, start: u64, input: &Arc<[u8]>) -> Result<(), StoreError> {
-        let (obj, enc) = self.engine.compress_now(
-            self.policy.write_codec(),
-            self.inner.dict.as_deref(),
-            input,
-        )?;
+        let (obj, enc) =
+            self.engine
+                .compress_now(self.policy.write_codec(), self.inner.dict(), input)?;
         let handle = self.inner.alloc(&obj)?;
         self.inner
             .install(start, input, handle, enc.codec, obj.len());
