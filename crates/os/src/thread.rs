@@ -223,6 +223,25 @@ impl AsyncSignalsBlocked {
     }
 }
 
+/// Whether the calling thread has SIGBUS blocked: it runs inside a SIGBUS handler (the fault
+/// handler of the signal route, on a program's thread). A thread made there would start with
+/// SIGBUS blocked and be killed by its first fault on the heap, and `pthread_create` is not
+/// async-signal-safe anyway: code that may run there leaves such work to a later caller.
+pub fn sigbus_blocked() -> bool {
+    // SAFETY: the raw rt_sigprocmask with no new set only reads the mask into `old`, 8 bytes.
+    unsafe {
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            std::ptr::null::<libc::sigset_t>(),
+            &mut old as *mut libc::sigset_t,
+            8usize,
+        );
+        libc::sigismember(&old, libc::SIGBUS) == 1
+    }
+}
+
 /// Set once a program thread of this process may take a signal frame in memory zmem must
 /// fault in: an alternate signal stack in the region (a cgo Go program's gsignal stacks, a
 /// Rust program's stack-overflow stacks from its mmap), seen by the preload. Sticky.

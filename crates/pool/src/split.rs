@@ -160,10 +160,12 @@ thread_local! {
 
 /// Runs `f` with an empty buffer of this thread's. The buffer is taken out for the call, so an
 /// `f` that reads another pool's split object gets a buffer of its own.
+/// During the thread's exit (its thread-locals destroyed: a program's destructors may still
+/// fault on the heap) a buffer of the call's own is used.
 pub(crate) fn with_assembly<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
-    let mut buf = ASSEMBLY.with(|b| b.take());
+    let mut buf = ASSEMBLY.try_with(|b| b.take()).unwrap_or_default();
     buf.clear();
     let r = f(&mut buf);
-    ASSEMBLY.with(|b| b.set(buf));
+    let _ = ASSEMBLY.try_with(|b| b.set(buf));
     r
 }

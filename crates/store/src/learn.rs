@@ -14,7 +14,7 @@
 //! Calgary at `balanced` (`zmem bench compare --policies balanced`): see docs/DESIGN-NOTES.md,
 //! "Session 51"; on real heaps a dictionary trained on a sample gained 0.99-1.06x.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -47,6 +47,8 @@ pub(crate) struct Learner {
     offered: AtomicU64,
     /// (samples, check pages), each page after page.
     pages: Mutex<(Vec<u8>, Vec<u8>)>,
+    /// The pages are all taken and wait for a zmem thread to start the trainer.
+    ready: AtomicBool,
 }
 
 impl Learner {
@@ -54,6 +56,7 @@ impl Learner {
         Learner {
             offered: AtomicU64::new(0),
             pages: Mutex::new((Vec::new(), Vec::new())),
+            ready: AtomicBool::new(false),
         }
     }
 
@@ -61,6 +64,9 @@ impl Learner {
     /// is taken, starts the training.
     pub(crate) fn offer(&self, page: &[u8], dict: &DictCell, codec: zmem_codec::Codec) {
         if self.offered.load(Relaxed) >= OFFERS || page.len() != PAGE_SIZE {
+            if self.ready.load(Relaxed) {
+                self.start_training(dict, codec);
+            }
             return;
         }
         let n = self.offered.fetch_add(1, Relaxed);
@@ -83,19 +89,41 @@ impl Learner {
         if checks.len() < (CHECK_PAGES as usize) * PAGE_SIZE {
             return;
         }
-        let (samples, checks) = (std::mem::take(samples), std::mem::take(checks));
         drop(g);
         self.offered.store(OFFERS, Relaxed);
+        self.ready.store(true, Relaxed);
+        self.start_training(dict, codec);
+    }
+
+    /// Trains, where it is safe to: never inside a SIGBUS handler (the signal route serves a
+    /// fault on the program's thread, and writes pages there: no thread may be made there, and
+    /// the next page written elsewhere trains instead); on a zmem thread (the evictor, a fault
+    /// handler) inline, once, ~0.1 s; elsewhere (a program using the store directly) on a
+    /// thread of its own. Not a new thread under `zmem run`: a thread's start in glibc reads the
+    /// locale data, which the program allocated in its heap; evicted, the new thread died of
+    /// SIGBUS in `__ctype_init` (python under `balanced`).
+    fn start_training(&self, dict: &DictCell, codec: zmem_codec::Codec) {
+        if zmem_os::thread::sigbus_blocked() {
+            return;
+        }
+        let Some(mut g) = self.pages.try_lock() else {
+            return;
+        };
+        if !self.ready.swap(false, Relaxed) {
+            return;
+        }
+        let (samples, checks) = (std::mem::take(&mut g.0), std::mem::take(&mut g.1));
+        drop(g);
         let cell = Arc::clone(dict);
-        let spawned = zmem_os::thread::spawn("zmem-dict".into(), move || {
-            match train(&samples, &checks, codec) {
-                Ok(d) => {
-                    let _ = cell.set(Arc::new(d));
-                }
-                Err(e) => tracing::info!("no dictionary learnt: {e}"),
+        let learn = move || match train(&samples, &checks, codec) {
+            Ok(d) => {
+                let _ = cell.set(Arc::new(d));
             }
-        });
-        if let Err(e) = spawned {
+            Err(e) => tracing::info!("no dictionary learnt: {e}"),
+        };
+        if zmem_os::thread::is_zmem_thread() {
+            learn();
+        } else if let Err(e) = zmem_os::thread::spawn("zmem-dict".into(), learn) {
             tracing::warn!("no dictionary learnt: cannot start its trainer: {e}");
         }
     }

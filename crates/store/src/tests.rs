@@ -1602,6 +1602,22 @@ fn a_learnt_dictionary_is_kept_only_if_it_shrinks_its_samples() {
     assert!(refused.contains("does not pay"), "{refused}");
 }
 
+/// Blocks or unblocks SIGBUS on the calling thread.
+fn sigbus_blocked(on: bool) {
+    // SAFETY: a sigset on this stack, passed to pthread_sigmask for this thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGBUS);
+        let how = if on {
+            libc::SIG_BLOCK
+        } else {
+            libc::SIG_UNBLOCK
+        };
+        assert_eq!(libc::pthread_sigmask(how, &set, std::ptr::null_mut()), 0);
+    }
+}
+
 /// A zstd store without a dictionary learns one from its first pages (`learn`): the pages
 /// written after it shrink more than in a store that does not learn, and every page reads
 /// back, those written before the dictionary and those after. `fast` (lz4) never learns.
@@ -1613,12 +1629,23 @@ fn a_zstd_store_learns_its_dictionary_from_its_first_pages() {
     cfg.learn_dictionary = false;
     let plain = PageStore::new(cfg).unwrap();
     let both = [&learnt, &plain];
-    // The samples come from the first 1024 pages, the check pages from the next 2048.
+    // The samples come from the first 1024 pages, the check pages from the next 2048: written
+    // with SIGBUS blocked, as inside the signal route's handler, where no trainer may start.
+    sigbus_blocked(true);
     for i in 0..4096u64 {
         for s in both {
             s.write(i % 1024, &phrase_page(i)).unwrap();
         }
     }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        learnt.stats().dictionary_bytes,
+        0,
+        "trained inside a handler"
+    );
+    sigbus_blocked(false);
+    // The next page written elsewhere starts it.
+    learnt.write(4000, &phrase_page(4000)).unwrap();
     let t = std::time::Instant::now();
     while learnt.stats().dictionary_bytes == 0 && t.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(10));
