@@ -1,9 +1,9 @@
 //! A zstd dictionary learnt from the store's own pages (issue 12 item 3). A store whose policy
 //! writes pages with zstd and that was given no dictionary keeps a copy of some of the first
 //! pages written (1 MiB) and of some written later (512 KiB), trains a dictionary from the
-//! first on a thread of its own, and from then on compresses with it if it pays on the later
-//! ones. Pages written before stay as
-//! they were: every object names its dictionary in its header, so both kinds decode. One
+//! first (`Learner::start_training` says on which thread), and from then on compresses with
+//! it if it pays on the later ones. Pages written before stay as they were: every object
+//! names its dictionary in its header, so both kinds decode. One
 //! dictionary per store, never replaced (a replaced one would have to live on as long as one
 //! page uses it). The dictionary is kept only if it shrinks the later pages by `MIN_GAIN` at
 //! the store's codec: on text of a few words in random order a trained dictionary made zstd-1
@@ -47,7 +47,7 @@ pub(crate) struct Learner {
     offered: AtomicU64,
     /// (samples, check pages), each page after page.
     pages: Mutex<(Vec<u8>, Vec<u8>)>,
-    /// The pages are all taken and wait for a zmem thread to start the trainer.
+    /// The pages are all taken and wait for a write outside a SIGBUS handler to train.
     ready: AtomicBool,
 }
 
@@ -82,9 +82,13 @@ impl Learner {
         };
         let (samples, checks) = &mut *g;
         if sample {
+            // One allocation for all of them (this may run inside the signal route's handler).
+            samples
+                .reserve_exact((SAMPLE_PAGES as usize * PAGE_SIZE).saturating_sub(samples.len()));
             samples.extend_from_slice(page);
             return;
         }
+        checks.reserve_exact((CHECK_PAGES as usize * PAGE_SIZE).saturating_sub(checks.len()));
         checks.extend_from_slice(page);
         if checks.len() < (CHECK_PAGES as usize) * PAGE_SIZE {
             return;
