@@ -133,6 +133,18 @@ pub fn cold_line(s: &ProcessStats) -> Option<String> {
     ))
 }
 
+/// The zstd dictionary a process's store compresses with (learnt from its first pages, or
+/// given) in one line, or None without one.
+pub fn dictionary_line(s: &ProcessStats) -> Option<String> {
+    let bytes = s.region.store.dictionary_bytes;
+    (bytes > 0).then(|| {
+        format!(
+            "zmem: pages compressed with a dictionary of {} learnt from the first ones\n",
+            human(bytes)
+        )
+    })
+}
+
 /// What the process's large reallocs and callocs cost (`Region::move_pages`, `zero_pages`) in
 /// one line, or None where it made none.
 pub fn large_blocks_line(s: &ProcessStats) -> Option<String> {
@@ -215,9 +227,14 @@ pub fn summary(name: &str, r: &RunReport) -> String {
         human(r.peak_dram),
         r.peak_data as f64 / r.peak_dram.max(1) as f64
     );
-    for l in [cold_line(s), large_blocks_line(s), ssd_line(s)]
-        .into_iter()
-        .flatten()
+    for l in [
+        cold_line(s),
+        dictionary_line(s),
+        large_blocks_line(s),
+        ssd_line(s),
+    ]
+    .into_iter()
+    .flatten()
     {
         out += &l;
     }
@@ -311,6 +328,17 @@ mod tests {
         assert!(large_blocks_line(&p)
             .unwrap()
             .contains(", 42 compressed pages of freed blocks dropped"));
+    }
+
+    #[test]
+    fn a_dictionary_has_a_line_only_where_there_is_one() {
+        let mut p = ProcessStats::default();
+        assert_eq!(dictionary_line(&p), None);
+        p.region.store.dictionary_bytes = 16 << 10;
+        assert_eq!(
+            dictionary_line(&p).unwrap(),
+            "zmem: pages compressed with a dictionary of 16K learnt from the first ones\n"
+        );
     }
 
     #[test]
