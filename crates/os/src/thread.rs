@@ -223,6 +223,31 @@ impl AsyncSignalsBlocked {
     }
 }
 
+/// Runs the body of a thread the program's faults depend on (a fault handler, the evictor). A
+/// panic there would leave every thread that faults next waiting for good (seen once: a test's
+/// four threads in `handle_userfault`, the region's handler thread gone): the process is
+/// stopped instead, with the reason written straight to stderr (a test harness's capture would
+/// keep it from view).
+pub fn or_abort<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(p) => {
+            let why = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            let msg = format!(
+                "zmem: {what} failed: {why}; stopping the process (its faults would wait for \
+                 good)\n"
+            );
+            // SAFETY: writes a buffer of this stack frame to stderr.
+            unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+            std::process::abort()
+        }
+    }
+}
+
 /// Whether the calling thread has SIGBUS blocked: it runs inside a SIGBUS handler (the fault
 /// handler of the signal route, on a program's thread). A thread made there would start with
 /// SIGBUS blocked and be killed by its first fault on the heap, and `pthread_create` is not

@@ -357,17 +357,20 @@ impl Region {
         let spawn = || -> Result<(), RegionError> {
             for i in 0..cfg.handler_threads {
                 let s = shared.clone();
-                let h =
-                    zmem_os::thread::spawn(format!("zmem-fault-{i}"), move || s.handler_loop(i))
-                        .map_err(|source| RegionError::Os {
-                            op: "spawn fault handler",
-                            source,
-                        })?;
+                let h = zmem_os::thread::spawn(format!("zmem-fault-{i}"), move || {
+                    zmem_os::thread::or_abort("a fault handler", || s.handler_loop(i))
+                })
+                .map_err(|source| RegionError::Os {
+                    op: "spawn fault handler",
+                    source,
+                })?;
                 region_obj.threads.push(h);
             }
             let s = shared.clone();
-            let h = zmem_os::thread::spawn("zmem-evict".into(), move || s.evictor_loop(adaptive))
-                .map_err(|source| RegionError::Os {
+            let h = zmem_os::thread::spawn("zmem-evict".into(), move || {
+                zmem_os::thread::or_abort("the evictor", || s.evictor_loop(adaptive))
+            })
+            .map_err(|source| RegionError::Os {
                 op: "spawn evictor",
                 source,
             })?;
