@@ -54,6 +54,14 @@ impl Dictionary {
         &self.ddict
     }
 
+    /// Frees the prepared compression tables (a dictionary no longer written with, whose objects
+    /// are still read); made again if it is written with after all.
+    pub fn drop_encoders(&self) {
+        if let Ok(mut list) = self.cdicts.lock() {
+            list.clear();
+        }
+    }
+
     pub(crate) fn cdict(&self, level: i32) -> Result<Arc<zstd_safe::CDict<'static>>, CodecError> {
         let mut list = self
             .cdicts

@@ -80,6 +80,12 @@ pub trait BackingStore: Send + Sync {
         0
     }
 
+    /// Trains a dictionary whose learning round is complete (see [`StoreCore::learn_pass`]),
+    /// on the calling thread: true if it did. Stores that learn nothing have nothing to do.
+    fn learn_pass(&self) -> bool {
+        false
+    }
+
     /// Whether those tries are urgent (see [`StoreCore::entropy_urgent`]): then the evictor
     /// makes them between its batches too, not only on idle CPU.
     fn entropy_urgent(&self) -> bool {
@@ -157,6 +163,9 @@ impl BackingStore for PageStore {
     }
     fn entropy_urgent(&self) -> bool {
         StoreCore::entropy_urgent(self)
+    }
+    fn learn_pass(&self) -> bool {
+        StoreCore::learn_pass(self)
     }
     fn compact_if_loose(&self) -> u64 {
         StoreCore::compact_if_loose(self)

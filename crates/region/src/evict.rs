@@ -908,6 +908,10 @@ impl Shared {
             if let Some(a) = adaptive.as_mut() {
                 self.adaptive_step(a, false);
             }
+            // A dictionary whose samples are all taken is trained here, holding no lock a
+            // fault may wait on (~0.1 s, once per learning round; the handlers evict
+            // meanwhile).
+            self.root.store.learn_pass();
             // While the pool saves next to nothing and raw pages wait for their entropy try,
             // the tries are made between batches too (`BackingStore::entropy_urgent`).
             let mut urgent_tried = 0;

@@ -308,6 +308,9 @@ impl BackingStore for ChildStore {
     fn entropy_urgent(&self) -> bool {
         self.heir.own.entropy_urgent()
     }
+    fn learn_pass(&self) -> bool {
+        self.heir.own.learn_pass()
+    }
     fn compact_if_loose(&self) -> u64 {
         self.heir.own.compact_if_loose()
     }
@@ -372,6 +375,9 @@ impl BackingStore for RootStore {
     }
     fn entropy_urgent(&self) -> bool {
         self.0.own.entropy_urgent()
+    }
+    fn learn_pass(&self) -> bool {
+        self.0.own.learn_pass()
     }
     fn compact_if_loose(&self) -> u64 {
         self.0.own.compact_if_loose()

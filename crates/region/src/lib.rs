@@ -110,6 +110,7 @@ impl Region {
     /// A region over a [`zmem_store::PageStore`] with the configuration's policy and limit.
     pub fn new(cfg: RegionConfig) -> Result<Region, RegionError> {
         let mut store_cfg = StoreConfig::new(cfg.check()?.pages as u64, cfg.policy);
+        store_cfg.dictionary_thread = false;
         store_cfg.mem_limit = cfg.store_limit;
         store_cfg.lower = cfg.lower.clone();
         // The evictor makes the entropy coder's tries between its batches (`entropy_pass`).

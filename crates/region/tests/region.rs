@@ -1915,30 +1915,38 @@ fn pages_a_run_mapped_around_a_refused_own_page_are_resident() {
         let Some(r) = region_with(cfg) else {
             return;
         };
-        // Four times the budget: the first pages leave DRAM.
+        // Four times the budget: the first pages leave DRAM. A walk maps no run where the
+        // machine is so busy that its first pages were not yet evicted or its steps were
+        // apart (seen once in 20 runs of this binary beside a build): then it is tried again
+        // on fresh pages, up to five times.
         let pages = 4 * MIB as usize / PAGE;
-        for i in 0..pages {
-            fill(page_mut(&r, i), i, 1);
+        let mut mapped_around = 0;
+        let mut version = 0;
+        while mapped_around == 0 && version < 5 {
+            version += 1;
+            for i in 0..pages {
+                fill(page_mut(&r, i), i, version);
+            }
+            wait_for_room_below_budget(&r);
+            let before = r.stats().fault_around_pages;
+            r.refuse_own_page_of_runs_for_tests(1);
+            // Pages 0, 1, 2: two steps up, then a walk: page 3's fault maps a run after it.
+            for i in 0..=3 {
+                check(page_mut(&r, i), i, version);
+            }
+            mapped_around = r.stats().fault_around_pages - before;
+            // SAFETY: this thread alone uses the region.
+            unsafe { r.zero_pages(0, 64 * PAGE) }.unwrap();
+            for i in 0..64 {
+                assert!(
+                    page_mut(&r, i).iter().all(|&b| b == 0),
+                    "{route:?}: page {i} kept its bytes after zero_pages"
+                );
+            }
         }
-        wait_for_room_below_budget(&r);
-        let before = r.stats().fault_around_pages;
-        r.refuse_own_page_of_runs_for_tests(1);
-        // Pages 0, 1, 2: two steps up, then a walk: page 3's fault maps a run after it.
-        for i in 0..=3 {
-            check(page_mut(&r, i), i, 1);
-        }
-        let mapped_around = r.stats().fault_around_pages - before;
-        // SAFETY: this thread alone uses the region.
-        unsafe { r.zero_pages(0, 64 * PAGE) }.unwrap();
-        for i in 0..64 {
-            assert!(
-                page_mut(&r, i).iter().all(|&b| b == 0),
-                "{route:?}: page {i} kept its bytes after zero_pages"
-            );
-        }
-        assert!(mapped_around > 0, "{route:?}: no run was mapped");
+        assert!(mapped_around > 0, "{route:?}: no run was mapped in {version} walks");
         for i in 64..pages {
-            check(page_mut(&r, i), i, 1);
+            check(page_mut(&r, i), i, version);
         }
     }
 }
@@ -1965,4 +1973,60 @@ fn a_page_a_cut_run_moved_without_saying_so_keeps_its_content() {
     assert!(s.evictions > 0, "{s:?}");
     assert!(s.checks.moved_unreported > 0, "{s:?}");
     assert_eq!(s.checks.moved_nothing, 0, "{s:?}");
+}
+
+/// A page of 64 fixed phrases in an order given by `seed`: zstd alone finds few repeats in one
+/// page, a dictionary learnt from such pages finds them everywhere.
+fn phrase_page(seed: u64) -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let phrases: Vec<Vec<u8>> = (0..64)
+        .map(|_| {
+            (0..30 + next() % 41)
+                .map(|_| b'a' + (next() % 26) as u8)
+                .collect()
+        })
+        .collect();
+    let mut y = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = Vec::with_capacity(PAGE + 80);
+    while v.len() < PAGE {
+        y ^= y << 13;
+        y ^= y >> 7;
+        y ^= y << 17;
+        v.extend_from_slice(&phrases[(y % 64) as usize]);
+        v.push(b' ');
+    }
+    v.truncate(PAGE);
+    v
+}
+
+/// A `balanced` region learns its dictionary: the store trains only in the evictor's pass
+/// (`learn_pass`), never where the program's thread writes a page, and every page reads back,
+/// those evicted before the dictionary and after.
+#[test]
+fn a_balanced_region_learns_its_dictionary_on_its_evictor() {
+    let mut cfg = RegionConfig::new(64 * MIB, Budget::Fixed(2 * MIB));
+    cfg.policy = Policy::Balanced;
+    let Some(r) = region_with(cfg) else { return };
+    let pages = r.len() / PAGE;
+    let t = Instant::now();
+    let mut round = 0u64;
+    while r.stats().store.dictionaries_learnt == 0 && t.elapsed() < Duration::from_secs(60) {
+        for i in 0..pages {
+            page_mut(&r, i).copy_from_slice(&phrase_page(round * pages as u64 + i as u64));
+        }
+        round += 1;
+    }
+    let s = r.stats().store;
+    assert_eq!(s.dictionaries_learnt, 1, "{s:?}");
+    assert!(s.dictionary_bytes > 0);
+    for i in 0..pages {
+        let want = phrase_page((round - 1) * pages as u64 + i as u64);
+        assert!(page_mut(&r, i) == &want[..], "page {i}");
+    }
 }

@@ -133,15 +133,24 @@ pub fn cold_line(s: &ProcessStats) -> Option<String> {
     ))
 }
 
-/// The zstd dictionary a process's store compresses with (learnt from its first pages, or
-/// given) in one line, or None without one.
+/// The zstd dictionary a process's store compresses with (learnt from its pages, or given) in
+/// one line, or None without one.
 pub fn dictionary_line(s: &ProcessStats) -> Option<String> {
-    let bytes = s.region.store.dictionary_bytes;
-    (bytes > 0).then(|| {
-        format!(
-            "zmem: pages compressed with a dictionary of {} learnt from the first ones\n",
-            human(bytes)
-        )
+    let st = &s.region.store;
+    (st.dictionary_bytes > 0).then(|| match st.dictionaries_learnt {
+        0 => format!(
+            "zmem: pages compressed with the given dictionary of {}\n",
+            human(st.dictionary_bytes)
+        ),
+        1 => format!(
+            "zmem: pages compressed with a dictionary of {} learnt from the pages written\n",
+            human(st.dictionary_bytes)
+        ),
+        n => format!(
+            "zmem: pages compressed with a dictionary of {} learnt from the pages written \
+             ({n} learnt in all as they changed)\n",
+            human(st.dictionary_bytes)
+        ),
     })
 }
 
@@ -337,8 +346,17 @@ mod tests {
         p.region.store.dictionary_bytes = 16 << 10;
         assert_eq!(
             dictionary_line(&p).unwrap(),
-            "zmem: pages compressed with a dictionary of 16K learnt from the first ones\n"
+            "zmem: pages compressed with the given dictionary of 16K\n"
         );
+        p.region.store.dictionaries_learnt = 1;
+        assert_eq!(
+            dictionary_line(&p).unwrap(),
+            "zmem: pages compressed with a dictionary of 16K learnt from the pages written\n"
+        );
+        p.region.store.dictionaries_learnt = 3;
+        assert!(dictionary_line(&p)
+            .unwrap()
+            .ends_with("written (3 learnt in all as they changed)\n"));
     }
 
     #[test]

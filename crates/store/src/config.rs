@@ -87,6 +87,14 @@ pub struct StoreConfig {
     /// later pages too (the `learn` module). On by default where the policy writes pages with
     /// zstd (`balanced`, `max`).
     pub learn_dictionary: bool,
+    /// Learning trains where the page that completes a round is written (inline on a zmem
+    /// thread, else on a thread of its own). Off, it trains only when the owner calls
+    /// [`StoreCore::learn_pass`](crate::StoreCore::learn_pass): a region sets it off and its
+    /// evictor calls that between batches, since a page may be written by the program's
+    /// thread settling an eviction with the region's locks held, and a new thread's start-up
+    /// touches the program's heap (under `zmem run` python hung that way, faulting on a page
+    /// only that settle could serve).
+    pub dictionary_thread: bool,
     pub engine: EngineConfig,
     /// An accelerator (the GPU backend) that takes the batches of asynchronous writes of at
     /// least `engine.offload_min_bytes`; the CPU takes everything else and whatever it hands
@@ -121,6 +129,7 @@ impl StoreConfig {
             block_pages: 1,
             dictionary: None,
             learn_dictionary: matches!(policy.write_codec(), zmem_codec::Codec::Zstd { .. }),
+            dictionary_thread: true,
             engine: EngineConfig::default(),
             accelerator: None,
             recompress_interval: None,

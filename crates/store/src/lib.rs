@@ -72,9 +72,9 @@ struct BlockMeta {
 struct Inner {
     slots: zmem_os::ZeroedTable<Slot>,
     pool: Pool,
-    /// The dictionary of the zstd codecs: the configured one, or one learnt (`learn`).
-    dict: learn::DictCell,
-    learner: Option<learn::Learner>,
+    /// The dictionaries of the zstd codecs: the configured one, or those learnt (`learn`).
+    dicts: Arc<learn::Dicts>,
+    learner: Option<Arc<learn::Learner>>,
     counters: Counters,
     /// Live member pages per block object, by pool handle.
     blocks: Vec<Mutex<HashMap<u64, BlockMeta>>>,
@@ -189,11 +189,9 @@ impl PageStore {
         let inner = Arc::new_cyclic(|me: &std::sync::Weak<Inner>| Inner {
             slots,
             pool,
-            dict: Arc::new(match &cfg.dictionary {
-                Some(d) => std::sync::OnceLock::from(Arc::clone(d)),
-                None => std::sync::OnceLock::new(),
-            }),
-            learner: (cfg.dictionary.is_none() && cfg.learn_dictionary).then(learn::Learner::new),
+            dicts: Arc::new(learn::Dicts::new(cfg.dictionary.clone())),
+            learner: (cfg.dictionary.is_none() && cfg.learn_dictionary)
+                .then(|| Arc::new(learn::Learner::new(cfg.dictionary_thread))),
             counters: Counters::default(),
             blocks: (0..BLOCK_SHARDS)
                 .map(|_| Mutex::new(HashMap::new()))
@@ -418,6 +416,9 @@ impl StoreCore {
             entropy_wait_ms: self.inner.later.as_ref().map_or(0, |l| l.wait_ms().into()),
             not_stored: c.not_stored.load(Ordering::Relaxed),
             dictionary_bytes: inner.dict().map_or(0, |d| d.bytes().len() as u64),
+            dictionaries_learnt: inner.dicts.learnt() as u64,
+            dictionaries_retired: inner.dicts.retired() as u64,
+            dictionary_rounds: inner.learner.as_ref().map_or(0, |l| l.rounds()),
             lower_pages: c.lower.load(Ordering::Relaxed),
             lower_bytes: c.lower_bytes.load(Ordering::Relaxed),
             lower_reads: c.lower_reads.load(Ordering::Relaxed),
@@ -490,15 +491,20 @@ impl Drop for StoreCore {
 }
 
 impl Inner {
-    /// The dictionary of the zstd codecs, if there is one yet.
+    /// The dictionary new objects of the zstd codecs are made with, if there is one yet.
     pub(crate) fn dict(&self) -> Option<&Dictionary> {
-        self.dict.get().map(|d| &**d)
+        self.dicts.current().map(|d| &**d)
+    }
+
+    /// The dictionary the object `obj` was made with, if it names one this store has.
+    pub(crate) fn dict_of(&self, obj: &[u8]) -> Option<&Dictionary> {
+        self.dicts.of_object(obj)
     }
 
     /// Lets the dictionary learner see a page being written with `codec` (not same-filled).
     pub(crate) fn offer_sample(&self, page: &[u8], codec: zmem_codec::Codec) {
         if let Some(l) = &self.learner {
-            l.offer(page, &self.dict, codec);
+            l.offer(page, &self.dicts, codec);
         }
     }
 

@@ -603,7 +603,7 @@ impl Inner {
     fn decode_fetched(&self, index: u64, obj: &[u8], out: &mut [u8]) -> Result<(), StoreError> {
         let t = Instant::now();
         self.counters.decodes.fetch_add(1, Ordering::Relaxed);
-        let r = zmem_codec::decode(obj, self.dict(), out)
+        let r = zmem_codec::decode(obj, self.dict_of(obj), out)
             .map(|_| ())
             .map_err(|source| StoreError::Corrupt { index, source });
         self.counters

@@ -120,7 +120,7 @@ impl Inner {
         self.counters.decodes.fetch_add(1, Ordering::Relaxed);
         let r = self
             .pool
-            .with_object(h, |obj| zmem_codec::decode(obj, self.dict(), out))?
+            .with_object(h, |obj| zmem_codec::decode(obj, self.dict_of(obj), out))?
             .map_err(|source| StoreError::Corrupt { index, source });
         self.counters
             .decompress_nanos

@@ -66,10 +66,22 @@ pub struct StoreStats {
     /// Pages offered with `write_if_smaller` that would not have saved memory (not stored).
     #[serde(default)]
     pub not_stored: u64,
-    /// Bytes of the zstd dictionary in use (configured or learnt from the first pages), 0 for
-    /// none (yet).
+    /// Bytes of the zstd dictionary new pages are written with (configured or learnt from the
+    /// pages written), 0 for none (yet).
     #[serde(default)]
     pub dictionary_bytes: u64,
+    /// Dictionaries learnt from the pages written (a later one replaces an earlier one that
+    /// fits the pages less; the earlier ones are kept for the pages they coded).
+    #[serde(default)]
+    pub dictionaries_learnt: u64,
+    /// Learnt dictionaries retired for saving too little on the pages written lately (new
+    /// pages are written without them; those written with them still read).
+    #[serde(default)]
+    pub dictionaries_retired: u64,
+    /// Rounds of learning finished (a dictionary trained and checked on later pages, kept or
+    /// not).
+    #[serde(default)]
+    pub dictionary_rounds: u64,
     /// Pages on the SSD tier and their compressed bytes there.
     #[serde(default)]
     pub lower_pages: u64,

@@ -1554,7 +1554,12 @@ fn rename_gives_a_page_another_index_without_decoding() {
 /// Pages of 64 fixed phrases (30-70 letters each) in random order: zstd finds few repeats
 /// inside one page, a dictionary that learnt the phrases finds them everywhere.
 fn phrase_page(seed: u64) -> Vec<u8> {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
+    phrase_page_of(0, seed)
+}
+
+/// A page of the phrases of set `set` (each set has its own 64 phrases).
+fn phrase_page_of(set: u64, seed: u64) -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64 ^ set.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut next = move || {
         x ^= x << 13;
         x ^= x >> 7;
@@ -1591,14 +1596,20 @@ fn a_learnt_dictionary_is_kept_only_if_it_shrinks_its_samples() {
         (from..from + n).flat_map(page).collect::<Vec<u8>>()
     };
     let phrases = pages(&phrase_page, 0, 256);
-    assert!(crate::learn::train(&phrases, &pages(&phrase_page, 5000, 128), codec).is_ok());
+    assert!(crate::learn::train(&phrases, &pages(&phrase_page, 5000, 128), codec, 1, None).is_ok());
     let words = |i| content(0, i);
-    let refused =
-        crate::learn::train(&pages(&words, 0, 256), &pages(&words, 5000, 128), codec).unwrap_err();
+    let refused = crate::learn::train(
+        &pages(&words, 0, 256),
+        &pages(&words, 5000, 128),
+        codec,
+        1,
+        None,
+    )
+    .unwrap_err();
     assert!(refused.contains("does not pay"), "{refused}");
     // Learnt on one kind of page, checked on another: refused too.
-    let refused =
-        crate::learn::train(&phrases, &pages(&|i| content(3, i), 0, 128), codec).unwrap_err();
+    let refused = crate::learn::train(&phrases, &pages(&|i| content(3, i), 0, 128), codec, 1, None)
+        .unwrap_err();
     assert!(refused.contains("does not pay"), "{refused}");
 }
 
@@ -1680,5 +1691,160 @@ fn a_zstd_store_learns_its_dictionary_from_its_first_pages() {
             let want = if i < 1024 { 3072 + i } else { i };
             assert_eq!(read_page(s, i), phrase_page(want), "page {i}");
         }
+    }
+}
+
+/// A store learns again when its pages change (`learn`'s rounds): a first round on text a
+/// dictionary does not help learns nothing, a later one on phrases learns dictionary 1, and
+/// one on other phrases replaces it with dictionary 2, which shrinks those pages more. Every
+/// page reads back whichever dictionary wrote it.
+#[test]
+fn a_store_learns_again_where_its_pages_change() {
+    let s = store(4096, Policy::Balanced, 1);
+    let mut model: Vec<Option<Vec<u8>>> = vec![None; 4096];
+    let mut seed = 0u64;
+    let mut write = |s: &PageStore, page: &dyn Fn(u64) -> Vec<u8>| {
+        let p = page(seed);
+        let i = seed % 4096;
+        s.write(i, &p).unwrap();
+        model[i as usize] = Some(p);
+        seed += 1;
+    };
+    let wait_for = |what: &dyn Fn(&StoreStats) -> bool| {
+        let t = std::time::Instant::now();
+        while !what(&s.stats()) && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        what(&s.stats())
+    };
+    // Round 1: six words in random order, where a dictionary does not pay.
+    for _ in 0..4096 {
+        write(&s, &|i| content(0, i));
+    }
+    assert!(wait_for(&|st| st.dictionary_rounds == 1), "{:?}", s.stats());
+    assert_eq!(s.stats().dictionaries_learnt, 0);
+    assert_eq!(s.stats().dictionary_bytes, 0);
+    // A later round on phrases learns one.
+    let mut learnt_1 = false;
+    for _ in 0..40 {
+        for _ in 0..1024 {
+            write(&s, &|i| phrase_page_of(1, i));
+        }
+        if s.stats().dictionaries_learnt == 1 {
+            learnt_1 = true;
+            break;
+        }
+    }
+    assert!(learnt_1, "{:?}", s.stats());
+    assert!(wait_for(&|st| st.dictionary_rounds == 2), "{:?}", s.stats());
+    // Pages of other phrases: dictionary 1 fits them less, so a round learns dictionary 2.
+    let mut learnt_2 = false;
+    for _ in 0..80 {
+        for _ in 0..1024 {
+            write(&s, &|i| phrase_page_of(2, i));
+        }
+        if s.stats().dictionaries_learnt == 2 {
+            learnt_2 = true;
+            break;
+        }
+    }
+    assert!(learnt_2, "{:?}", s.stats());
+    assert!(s.stats().dictionary_bytes > 0);
+    // Set 2 costs less with dictionary 2 than in a store that learnt set 1 only.
+    let other = store(4096, Policy::Balanced, 1);
+    for k in 0..4096 + 16 {
+        other.write(k % 4096, &phrase_page_of(1, k)).unwrap();
+    }
+    let t = std::time::Instant::now();
+    while other.stats().dictionaries_learnt == 0 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(other.stats().dictionaries_learnt, 1);
+    let cost = |st: &PageStore| {
+        for i in 0..256u64 {
+            st.discard(i).unwrap();
+        }
+        let before = st.stats().compr_data_size;
+        for i in 0..256u64 {
+            st.write(i, &phrase_page_of(2, 900_000 + i)).unwrap();
+        }
+        st.stats().compr_data_size - before
+    };
+    let (with_2, with_1) = (cost(&s), cost(&other));
+    assert!(
+        (with_2 as f64) < 0.97 * with_1 as f64,
+        "256 pages of set 2: {with_2} bytes with dictionary 2, {with_1} with dictionary 1"
+    );
+    for i in 0..256u64 {
+        model[i as usize] = Some(phrase_page_of(2, 900_000 + i));
+    }
+    for (i, want) in model.iter().enumerate() {
+        if let Some(want) = want {
+            assert_eq!(&read_page(&s, i as u64), want, "page {i}");
+        }
+    }
+}
+
+/// A store made with `dictionary_thread` off (a region's) never trains where a round's last
+/// page is written, nor on a thread of its own: only when its owner calls `learn_pass`.
+#[test]
+fn a_store_without_a_trainer_thread_learns_in_its_owners_pass() {
+    let mut cfg = StoreConfig::new(4096, Policy::Balanced);
+    cfg.dictionary_thread = false;
+    let s = PageStore::new(cfg).unwrap();
+    assert!(!s.learn_pass(), "no round is complete yet");
+    for i in 0..4096 + 16 {
+        s.write(i % 4096, &phrase_page(i)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.stats().dictionary_rounds, 0, "trained without the pass");
+    assert!(s.learn_pass());
+    let st = s.stats();
+    assert_eq!((st.dictionary_rounds, st.dictionaries_learnt), (1, 1));
+    assert!(!s.learn_pass(), "the next round is not due yet");
+    for i in 0..4096 {
+        assert_eq!(
+            read_page(&s, i),
+            phrase_page(i + if i < 16 { 4096 } else { 0 })
+        );
+    }
+}
+
+/// A learnt dictionary that stops paying is retired (`learn`'s watch): learnt on phrases, then
+/// pages of words it cannot help are written; new pages are written without it, and every page
+/// reads back, those written with it too.
+#[test]
+fn a_dictionary_that_stops_paying_is_retired() {
+    let s = store(4096, Policy::Balanced, 1);
+    for i in 0..4096 + 16 {
+        s.write(i % 4096, &phrase_page(i)).unwrap();
+    }
+    let t = std::time::Instant::now();
+    while s.stats().dictionaries_learnt == 0 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(s.stats().dictionaries_learnt, 1);
+    // Pages 0..2048 keep phrases written with the dictionary; the rest become words.
+    for k in 0..4 * 8192u64 {
+        s.write(2048 + k % 2048, &content(0, k)).unwrap();
+        if s.stats().dictionaries_retired == 1 {
+            break;
+        }
+    }
+    let st = s.stats();
+    assert_eq!(
+        (st.dictionaries_retired, st.dictionary_bytes),
+        (1, 0),
+        "{st:?}"
+    );
+    for i in 0..2048u64 {
+        assert_eq!(
+            read_page(&s, i),
+            phrase_page(i + if i < 16 { 4096 } else { 0 })
+        );
+    }
+    for i in 2048..4096u64 {
+        s.write(i, &content(0, i)).unwrap();
+        assert_eq!(read_page(&s, i), content(0, i));
     }
 }

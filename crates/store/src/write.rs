@@ -97,10 +97,12 @@ impl StoreCore {
         // An object made with a dictionary is copied only where the same one decodes it (a
         // store may learn its dictionary at any time, so this is asked of each object).
         let decodes_here = |obj: &[u8]| match zmem_codec::peek_header(obj) {
-            Ok(h) if h.dict_id.is_none() => true,
-            Ok(_) => match (inner.dict.get(), src.dict.get()) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                _ => false,
+            Ok(h) => match h.dict_id {
+                None => true,
+                Some(id) => match (inner.dicts.by_id(id), src.dicts.by_id(id)) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    _ => false,
+                },
             },
             Err(_) => false,
         };
@@ -357,7 +359,7 @@ impl StoreCore {
                     tag: index,
                     input,
                     codec,
-                    dict: inner.dict.get().cloned(),
+                    dict: inner.dicts.current().cloned(),
                 });
             }
             pos += group;
