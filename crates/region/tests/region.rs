@@ -1944,7 +1944,10 @@ fn pages_a_run_mapped_around_a_refused_own_page_are_resident() {
                 );
             }
         }
-        assert!(mapped_around > 0, "{route:?}: no run was mapped in {version} walks");
+        assert!(
+            mapped_around > 0,
+            "{route:?}: no run was mapped in {version} walks"
+        );
         for i in 64..pages {
             check(page_mut(&r, i), i, version);
         }
