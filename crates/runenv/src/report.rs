@@ -137,6 +137,13 @@ pub fn cold_line(s: &ProcessStats) -> Option<String> {
 /// one line, or None without one.
 pub fn dictionary_line(s: &ProcessStats) -> Option<String> {
     let st = &s.region.store;
+    if st.dictionary_bytes == 0 && st.dictionaries_learnt > 0 {
+        return Some(format!(
+            "zmem: {} dictionaries learnt from the pages written ({} retired for saving too \
+             little); pages compressed without one now\n",
+            st.dictionaries_learnt, st.dictionaries_retired
+        ));
+    }
     (st.dictionary_bytes > 0).then(|| match st.dictionaries_learnt {
         0 => format!(
             "zmem: pages compressed with the given dictionary of {}\n",
@@ -357,6 +364,13 @@ mod tests {
         assert!(dictionary_line(&p)
             .unwrap()
             .ends_with("written (3 learnt in all as they changed)\n"));
+        p.region.store.dictionary_bytes = 0;
+        p.region.store.dictionaries_retired = 2;
+        assert_eq!(
+            dictionary_line(&p).unwrap(),
+            "zmem: 3 dictionaries learnt from the pages written (2 retired for saving too \
+             little); pages compressed without one now\n"
+        );
     }
 
     #[test]
