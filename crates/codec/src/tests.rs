@@ -187,6 +187,11 @@ fn dictionary_round_trip_and_mismatch() {
     assert_eq!(decode(&out[..e.len], None, &mut back).unwrap(), PAGE_SIZE);
     assert_eq!(&back[..], page);
     assert!(train_dictionary(&samples[..3], 4096).is_err());
+    // zstd's own refusal (no room for a dictionary) comes back as a typed error with its name.
+    match train_dictionary(&samples, 64) {
+        Err(CodecError::Dictionary(why)) => assert!(why.starts_with("training failed: "), "{why}"),
+        other => panic!("{other:?}"),
+    }
     assert!(Dictionary::new(1, vec![1, 2]).is_err());
 }
 
