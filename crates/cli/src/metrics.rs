@@ -95,6 +95,21 @@ const FAMILIES: &[Family] = &[
         "Virtual size of the compressed heap.",
         |s| s.heap_size() as f64,
     ),
+    gauge(
+        "zmem_dictionary_bytes",
+        "Bytes of the zstd dictionary new compressed pages are made with (learnt from the pages written, or given), 0 for none.",
+        |s| s.region.store.dictionary_bytes as f64,
+    ),
+    counter(
+        "zmem_dictionaries_learnt_total",
+        "zstd dictionaries learnt from the pages written (a later one replaces one that fits the pages less).",
+        |s| s.region.store.dictionaries_learnt as f64,
+    ),
+    counter(
+        "zmem_dictionaries_retired_total",
+        "Learnt dictionaries retired for saving too little on the pages written lately.",
+        |s| s.region.store.dictionaries_retired as f64,
+    ),
     counter(
         "zmem_major_faults_total",
         "Faults on compressed pages (each decompressed a page back into DRAM).",
@@ -206,6 +221,8 @@ mod tests {
         s.region.store.orig_data_size = 200 << 20;
         s.region.store.mem_used_total = 72 << 20;
         s.region.store.same_pages = 12;
+        s.region.store.dictionary_bytes = 16 << 10;
+        s.region.store.dictionaries_learnt = 2;
         s
     }
 
@@ -264,6 +281,11 @@ mod tests {
         assert_eq!(get("zmem_evictions_total", 10, "redis-server"), 60000.0);
         assert_eq!(get("zmem_codec_cpu_seconds_total", 10, "redis-server"), 1.5);
         assert_eq!(get("zmem_same_pages", 11, "we\\\"ird\\\\name\\n"), 12.0);
+        assert_eq!(get("zmem_dictionary_bytes", 10, "redis-server"), 16384.0);
+        assert_eq!(
+            get("zmem_dictionaries_learnt_total", 10, "redis-server"),
+            2.0
+        );
         assert_eq!(m.len(), 2 * (FAMILIES.len() + 1));
         for f in FAMILIES {
             assert!(text.contains(&format!("# TYPE {} {}\n", f.name, f.kind)));

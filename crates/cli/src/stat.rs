@@ -112,6 +112,7 @@ pub fn run(a: &StatArgs) -> anyhow::Result<()> {
             for s in &refs {
                 let lines = [
                     zmem_runenv::report::cold_line(s),
+                    zmem_runenv::report::dictionary_line(s),
                     zmem_runenv::report::large_blocks_line(s),
                     zmem_runenv::report::ssd_line(s),
                 ];
