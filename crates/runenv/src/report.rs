@@ -137,7 +137,14 @@ pub fn cold_line(s: &ProcessStats) -> Option<String> {
 /// one line, or None without one.
 pub fn dictionary_line(s: &ProcessStats) -> Option<String> {
     let st = &s.region.store;
-    if st.dictionary_bytes == 0 && st.dictionaries_learnt > 0 {
+    if st.dictionary_bytes == 0 && st.dictionaries_learnt == 1 {
+        return Some(
+            "zmem: the dictionary learnt from the pages written was retired for saving too \
+             little; pages compressed without one now\n"
+                .into(),
+        );
+    }
+    if st.dictionary_bytes == 0 && st.dictionaries_learnt > 1 {
         return Some(format!(
             "zmem: {} dictionaries learnt from the pages written ({} retired for saving too \
              little); pages compressed without one now\n",
@@ -370,6 +377,13 @@ mod tests {
             dictionary_line(&p).unwrap(),
             "zmem: 3 dictionaries learnt from the pages written (2 retired for saving too \
              little); pages compressed without one now\n"
+        );
+        p.region.store.dictionaries_learnt = 1;
+        p.region.store.dictionaries_retired = 1;
+        assert_eq!(
+            dictionary_line(&p).unwrap(),
+            "zmem: the dictionary learnt from the pages written was retired for saving too \
+             little; pages compressed without one now\n"
         );
     }
 
