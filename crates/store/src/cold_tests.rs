@@ -266,3 +266,30 @@ fn raw_pages_join_blocks_once() {
         assert!(b == want, "page {i}");
     }
 }
+
+/// The memory limit holds during the cold pass (issue 12's "the old copy is freed only after
+/// the new one fits"): with the pool's limit at what it holds, every step of the pass leaves
+/// it within the limit, and every page reads back.
+#[test]
+fn the_cold_pass_keeps_the_memory_limit() {
+    for group in [1, 8] {
+        let pages = 256u64;
+        let s = auto_store(pages, group);
+        let model: Vec<Option<Vec<u8>>> = (0..pages).map(|i| Some(text(i))).collect();
+        for (i, p) in model.iter().enumerate() {
+            s.write(i as u64, p.as_ref().unwrap()).unwrap();
+        }
+        s.flush().unwrap();
+        let limit = s.stats().mem_used_total;
+        s.set_mem_limit(Some(limit));
+        while s.cold_pass_with(8, ColdPressure::Urgent) > 0 {
+            let used = s.stats().mem_used_total;
+            assert!(
+                used <= limit,
+                "group {group}: {used} bytes held, limit {limit}"
+            );
+        }
+        assert!(s.stats().mem_used_total <= limit);
+        check(&s, &model);
+    }
+}
