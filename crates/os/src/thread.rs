@@ -322,13 +322,6 @@ pub fn is_zmem_thread() -> bool {
     !main && thread_name(&mut name) && name.starts_with(NAME_PREFIX.as_bytes())
 }
 
-/// Whether the calling thread is a zmem thread whose name starts with `prefix` (e.g.
-/// "zmem-fault"), as [`is_zmem_thread`] asks.
-pub fn is_zmem_thread_named(prefix: &str) -> bool {
-    let mut name = [0u8; 16];
-    is_zmem_thread() && thread_name(&mut name) && name.starts_with(prefix.as_bytes())
-}
-
 /// Buffers for [`thread_name`] outside any thread's stack, each taken by one caller at a time.
 static NAME_BUFS: [NameBuf; 16] = [const { NameBuf::new() }; 16];
 

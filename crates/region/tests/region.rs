@@ -1985,36 +1985,6 @@ fn a_page_a_cut_run_moved_without_saying_so_keeps_its_content() {
     assert_eq!(s.checks.moved_nothing, 0, "{s:?}");
 }
 
-/// A page of 64 fixed phrases in an order given by `seed`: zstd alone finds few repeats in one
-/// page, a dictionary learnt from such pages finds them everywhere.
-fn phrase_page(seed: u64) -> Vec<u8> {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let phrases: Vec<Vec<u8>> = (0..64)
-        .map(|_| {
-            (0..30 + next() % 41)
-                .map(|_| b'a' + (next() % 26) as u8)
-                .collect()
-        })
-        .collect();
-    let mut y = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(PAGE + 80);
-    while v.len() < PAGE {
-        y ^= y << 13;
-        y ^= y >> 7;
-        y ^= y << 17;
-        v.extend_from_slice(&phrases[(y % 64) as usize]);
-        v.push(b' ');
-    }
-    v.truncate(PAGE);
-    v
-}
-
 /// A `balanced` region learns its dictionary: the store trains only in the evictor's pass
 /// (`learn_pass`), never where the program's thread writes a page, and every page reads back,
 /// those evicted before the dictionary and after.
@@ -2028,7 +1998,11 @@ fn a_balanced_region_learns_its_dictionary_on_its_evictor() {
     let mut round = 0u64;
     while r.stats().store.dictionaries_learnt == 0 && t.elapsed() < Duration::from_secs(60) {
         for i in 0..pages {
-            page_mut(&r, i).copy_from_slice(&phrase_page(round * pages as u64 + i as u64));
+            page_mut(&r, i).copy_from_slice(&zmem_workload::phrase_page(
+                0,
+                round * pages as u64 + i as u64,
+                PAGE,
+            ));
         }
         round += 1;
     }
@@ -2036,7 +2010,7 @@ fn a_balanced_region_learns_its_dictionary_on_its_evictor() {
     assert_eq!(s.dictionaries_learnt, 1, "{s:?}");
     assert!(s.dictionary_bytes > 0);
     for i in 0..pages {
-        let want = phrase_page((round - 1) * pages as u64 + i as u64);
+        let want = zmem_workload::phrase_page(0, (round - 1) * pages as u64 + i as u64, PAGE);
         assert!(page_mut(&r, i) == &want[..], "page {i}");
     }
 }

@@ -1551,39 +1551,23 @@ fn rename_gives_a_page_another_index_without_decoding() {
     assert_eq!(read_page(&s, 0), vec![0u8; PS]);
 }
 
-/// Pages of 64 fixed phrases (30-70 letters each) in random order: zstd finds few repeats
-/// inside one page, a dictionary that learnt the phrases finds them everywhere.
+/// Waits up to 30 s for the store's statistics to show `what`; whether they did.
+fn wait_for_stats(s: &PageStore, what: impl Fn(&StoreStats) -> bool) -> bool {
+    let t = std::time::Instant::now();
+    while !what(&s.stats()) && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    what(&s.stats())
+}
+
+/// Pages of 64 fixed phrases in random order (`zmem_workload::phrase_page`).
 fn phrase_page(seed: u64) -> Vec<u8> {
     phrase_page_of(0, seed)
 }
 
 /// A page of the phrases of set `set` (each set has its own 64 phrases).
 fn phrase_page_of(set: u64, seed: u64) -> Vec<u8> {
-    let mut x = 0x2545_f491_4f6c_dd1du64 ^ set.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let phrases: Vec<Vec<u8>> = (0..64)
-        .map(|_| {
-            let n = 30 + next() as usize % 41;
-            let mut p: Vec<u8> = (0..n).map(|_| b'a' + (next() % 26) as u8).collect();
-            p.push(b' ');
-            p
-        })
-        .collect();
-    let mut y = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(PS + 80);
-    while v.len() < PS {
-        y ^= y << 13;
-        y ^= y >> 7;
-        y ^= y << 17;
-        v.extend_from_slice(&phrases[(y % 64) as usize]);
-    }
-    v.truncate(PS);
-    v
+    zmem_workload::phrase_page(set, seed, PS)
 }
 
 /// A dictionary is learnt only where it pays on later pages: on the phrases, not on text of six
@@ -1657,11 +1641,11 @@ fn a_zstd_store_learns_its_dictionary_from_its_first_pages() {
     sigbus_blocked(false);
     // The next page written elsewhere starts it.
     learnt.write(4000, &phrase_page(4000)).unwrap();
-    let t = std::time::Instant::now();
-    while learnt.stats().dictionary_bytes == 0 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(learnt.stats().dictionary_bytes > 0, "{:?}", learnt.stats());
+    assert!(
+        wait_for_stats(&learnt, |st| st.dictionary_bytes > 0),
+        "{:?}",
+        learnt.stats()
+    );
     assert_eq!(plain.stats().dictionary_bytes, 0);
     let before: Vec<u64> = both.iter().map(|s| s.stats().compr_data_size).collect();
     for i in 1024..2048u64 {
@@ -1710,56 +1694,46 @@ fn a_store_learns_again_where_its_pages_change() {
         model[i as usize] = Some(p);
         seed += 1;
     };
-    let wait_for = |what: &dyn Fn(&StoreStats) -> bool| {
-        let t = std::time::Instant::now();
-        while !what(&s.stats()) && t.elapsed() < Duration::from_secs(30) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        what(&s.stats())
-    };
     // Round 1: six words in random order, where a dictionary does not pay.
     for _ in 0..4096 {
         write(&s, &|i| content(0, i));
     }
-    assert!(wait_for(&|st| st.dictionary_rounds == 1), "{:?}", s.stats());
+    assert!(
+        wait_for_stats(&s, |st| st.dictionary_rounds == 1),
+        "{:?}",
+        s.stats()
+    );
     assert_eq!(s.stats().dictionaries_learnt, 0);
     assert_eq!(s.stats().dictionary_bytes, 0);
+    // Writes pages of phrase set `set` 1024 at a time, at most `max` times, until `learnt`
+    // dictionaries were learnt; whether they were.
+    let mut write_until_learnt = |set: u64, max: usize, learnt: u64| {
+        for _ in 0..max {
+            for _ in 0..1024 {
+                write(&s, &|i| phrase_page_of(set, i));
+            }
+            if s.stats().dictionaries_learnt == learnt {
+                return true;
+            }
+        }
+        false
+    };
     // A later round on phrases learns one.
-    let mut learnt_1 = false;
-    for _ in 0..40 {
-        for _ in 0..1024 {
-            write(&s, &|i| phrase_page_of(1, i));
-        }
-        if s.stats().dictionaries_learnt == 1 {
-            learnt_1 = true;
-            break;
-        }
-    }
-    assert!(learnt_1, "{:?}", s.stats());
-    assert!(wait_for(&|st| st.dictionary_rounds == 2), "{:?}", s.stats());
+    assert!(write_until_learnt(1, 40, 1), "{:?}", s.stats());
+    assert!(
+        wait_for_stats(&s, |st| st.dictionary_rounds == 2),
+        "{:?}",
+        s.stats()
+    );
     // Pages of other phrases: dictionary 1 fits them less, so a round learns dictionary 2.
-    let mut learnt_2 = false;
-    for _ in 0..80 {
-        for _ in 0..1024 {
-            write(&s, &|i| phrase_page_of(2, i));
-        }
-        if s.stats().dictionaries_learnt == 2 {
-            learnt_2 = true;
-            break;
-        }
-    }
-    assert!(learnt_2, "{:?}", s.stats());
+    assert!(write_until_learnt(2, 80, 2), "{:?}", s.stats());
     assert!(s.stats().dictionary_bytes > 0);
     // Set 2 costs less with dictionary 2 than in a store that learnt set 1 only.
     let other = store(4096, Policy::Balanced, 1);
     for k in 0..4096 + 16 {
         other.write(k % 4096, &phrase_page_of(1, k)).unwrap();
     }
-    let t = std::time::Instant::now();
-    while other.stats().dictionaries_learnt == 0 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(other.stats().dictionaries_learnt, 1);
+    assert!(wait_for_stats(&other, |st| st.dictionaries_learnt == 1));
     let cost = |st: &PageStore| {
         for i in 0..256u64 {
             st.discard(i).unwrap();
@@ -1819,11 +1793,7 @@ fn a_dictionary_that_stops_paying_is_retired() {
     for i in 0..4096 + 16 {
         s.write(i % 4096, &phrase_page(i)).unwrap();
     }
-    let t = std::time::Instant::now();
-    while s.stats().dictionaries_learnt == 0 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(s.stats().dictionaries_learnt, 1);
+    assert!(wait_for_stats(&s, |st| st.dictionaries_learnt == 1));
     // Pages 0..2048 keep phrases written with the dictionary; the rest become words.
     for k in 0..4 * 8192u64 {
         s.write(2048 + k % 2048, &content(0, k)).unwrap();

@@ -1,5 +1,6 @@
 //! What zmem's access patterns draw from: the one Zipf sampler and the seeded generators, for the
-//! benchmarks (`zmem bench region`, `bench adaptive`) and the region's policy simulator alike.
+//! benchmarks (`zmem bench region`, `bench adaptive`) and the region's policy simulator alike;
+//! and page contents of a known kind for tests ([`phrase_page`]).
 
 use rand::rngs::{SmallRng, StdRng};
 use rand::{Rng, SeedableRng};
@@ -12,6 +13,36 @@ pub fn std_rng(seed: u64) -> StdRng {
 /// A small, fast reproducible generator for access streams: `SmallRng` from `seed`.
 pub fn small_rng(seed: u64) -> SmallRng {
     SmallRng::seed_from_u64(seed)
+}
+
+/// `len` bytes of 64 fixed phrases (30-70 letters and a space each) of phrase set `set`, in an
+/// order given by `seed`: zstd finds few repeats inside one page, a dictionary learnt from such
+/// pages finds them everywhere (the dictionary tests of the store and the region).
+pub fn phrase_page(set: u64, seed: u64, len: usize) -> Vec<u8> {
+    let xorshift = |x: &mut u64| {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    };
+    let mut x = 0x2545_f491_4f6c_dd1du64 ^ set.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let phrases: Vec<Vec<u8>> = (0..64)
+        .map(|_| {
+            let n = 30 + xorshift(&mut x) as usize % 41;
+            let mut p: Vec<u8> = (0..n)
+                .map(|_| b'a' + (xorshift(&mut x) % 26) as u8)
+                .collect();
+            p.push(b' ');
+            p
+        })
+        .collect();
+    let mut y = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = Vec::with_capacity(len + 80);
+    while v.len() < len {
+        v.extend_from_slice(&phrases[(xorshift(&mut y) % 64) as usize]);
+    }
+    v.truncate(len);
+    v
 }
 
 /// Zipf distribution over ranks 0..n (rank k has weight 1/(k+1)^s), in one of two forms:
