@@ -298,7 +298,28 @@ fn hang_report(pid: i32) -> String {
             out.push_str(&format!("    {line}\n"));
         }
     }
+    out.push_str(&user_stacks(pid));
     out
+}
+
+/// Each thread's user-space stack, where gdb is installed: the kernel's stacks say only that
+/// a thread waits on a futex, not which of zmem's locks (a hang in CI, session 52, said no
+/// more). Bounded: gdb reading a page the hung handler would have to serve waits too.
+fn user_stacks(pid: i32) -> String {
+    let out = Command::new("timeout")
+        .args(["-k", "5", "60", "gdb", "-batch", "-nx", "-p"])
+        .arg(pid.to_string())
+        .args(["-ex", "thread apply all bt 30"])
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with('#') || l.starts_with("Thread "))
+            .map(|l| format!("  {}\n", l.chars().take(200).collect::<String>()))
+            .collect(),
+        Err(e) => format!("  (no user stacks: gdb: {e})\n"),
+    }
 }
 
 fn is_zombie(pid: i32) -> bool {
@@ -2983,6 +3004,41 @@ fn forks_while_the_heap_reaches_new_ranges() {
         ]);
         cmd.arg(&prog).arg("40");
         let tag = format!("fork_grow on the {route} route, round {round}");
+        let out = run_to_end(cmd, dir.path(), &tag, Duration::from_secs(60));
+        assert_eq!(
+            (out.code, out.stdout.trim()),
+            (Some(0), "ok"),
+            "{tag}: {}",
+            tail(&out.stderr)
+        );
+    }
+}
+
+/// A parent frees its evicted large blocks while a forked child still needs them
+/// (tests/c/fork_free.c): the free hands the child's pages to the child's store, on the
+/// program's thread, under the region's lock. That store's first chunk was mapped through the
+/// preload's mmap, into the region, whose lock the thread held: a hang on both routes, every
+/// run (seen once in CI in fork_race, session 52). The child must read every block as it was.
+#[test]
+fn a_parent_frees_blocks_its_forked_child_still_reads() {
+    if !ready() {
+        return;
+    }
+    let _g = heavy();
+    let dir = tmpdir();
+    let prog = compile("fork_free", dir.path(), &[]);
+    for route in ["signal", "handler"] {
+        let mut cmd = zmem_cmd(&[
+            "run",
+            "--resident",
+            "4M",
+            "--quiet",
+            "--fault-route",
+            route,
+            "--",
+        ]);
+        cmd.arg(&prog).args(["16", "1"]);
+        let tag = format!("fork_free on the {route} route");
         let out = run_to_end(cmd, dir.path(), &tag, Duration::from_secs(60));
         assert_eq!(
             (out.code, out.stdout.trim()),

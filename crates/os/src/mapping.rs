@@ -24,6 +24,33 @@ impl MappingFlags {
     };
 }
 
+/// mmap(2) itself, not the C library's `mmap`: in a program run under `zmem run` that symbol
+/// is the preload library's, which places a program thread's anonymous mappings in the
+/// compressed region. zmem's own mappings (the pool's chunks, tables) made on a program thread
+/// (a free that drops stored pages) landed there, and the region then waited for its own lock
+/// to map them (a hang of tests/c/fork_race.c in CI, session 52). Ours never belong there.
+///
+/// # Safety
+/// As mmap(2) with an anonymous mapping (`fd` -1, offset 0).
+unsafe fn sys_mmap(
+    addr: *mut libc::c_void,
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+) -> *mut libc::c_void {
+    // SAFETY: forwarded; the caller upholds mmap's contract.
+    unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, -1, 0) as *mut libc::c_void }
+}
+
+/// munmap(2) itself (see [`sys_mmap`]).
+///
+/// # Safety
+/// As munmap(2).
+unsafe fn sys_munmap(addr: *mut libc::c_void, len: usize) -> libc::c_int {
+    // SAFETY: forwarded; the caller upholds munmap's contract.
+    unsafe { libc::syscall(libc::SYS_munmap, addr, len) as libc::c_int }
+}
+
 /// An anonymous private read-write mapping, unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
@@ -54,13 +81,11 @@ impl Mapping {
         // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing touches no
         // existing memory; the result is checked before use.
         let p = unsafe {
-            libc::mmap(
+            sys_mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 map_flags,
-                -1,
-                0,
             )
         };
         if p == libc::MAP_FAILED {
@@ -90,13 +115,11 @@ impl Mapping {
         }
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the result is checked.
         let p = unsafe {
-            libc::mmap(
+            sys_mmap(
                 addr as *mut libc::c_void,
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 map_flags,
-                -1,
-                0,
             )
         };
         if p == libc::MAP_FAILED {
@@ -105,7 +128,7 @@ impl Mapping {
         if p as usize != addr {
             // A kernel older than 4.17 takes the flag as a hint.
             // SAFETY: unmapping what was just mapped.
-            unsafe { libc::munmap(p, len) };
+            unsafe { sys_munmap(p, len) };
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
         }
         if flags.no_huge_pages {
@@ -145,7 +168,7 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: our own mapping, unmapped once (into_raw forgets the guard).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        unsafe { sys_munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 

@@ -46,6 +46,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering:
 use zmem_os::errno::KeepErrno;
 
 use crate::mi;
+use crate::runtime::as_zmem;
 
 /// Whether a thread is internal: not asked yet, the program's, zmem's (or starting zmem).
 const UNKNOWN: u8 = 0;
@@ -293,9 +294,8 @@ fn populate(start: usize, len: usize) {
     let to = (start + len.min(POPULATE_MAX)) / page * page;
     let off = from.wrapping_sub(rt.region.as_ptr() as usize);
     if to > from && off < rt.region.len() {
-        let _ = rt
-            .region
-            .populate(off, (to - from).min(rt.region.len() - off));
+        let len = (to - from).min(rt.region.len() - off);
+        as_zmem(|| drop(rt.region.populate(off, len)), || ());
     }
 }
 
@@ -656,12 +656,12 @@ unsafe fn zero_large(p: *mut c_void) {
     std::ptr::write_bytes(p as *mut u8, 0, head);
     let done = whole > 0
         && crate::runtime::runtime().is_some_and(|rt| {
+            let off = at + head - rt.region.as_ptr() as usize;
             // SAFETY: whole pages of a block not handed out yet, inside the region.
-            unsafe {
-                rt.region
-                    .zero_pages(at + head - rt.region.as_ptr() as usize, whole)
-            }
-            .is_ok()
+            as_zmem(
+                || unsafe { rt.region.zero_pages(off, whole) }.is_ok(),
+                || false,
+            )
         });
     let from = if done { head + whole } else { head };
     std::ptr::write_bytes((at + from) as *mut u8, 0, len - from);
@@ -682,7 +682,7 @@ unsafe fn forget_freed_stored(p: *mut c_void) {
         let off = p as usize - rt.region.as_ptr() as usize;
         let whole = len / zmem_os::PAGE_SIZE * zmem_os::PAGE_SIZE;
         // SAFETY: the program frees the block: nobody uses its content any more.
-        let _ = unsafe { rt.region.drop_stored(off, whole) };
+        as_zmem(|| drop(unsafe { rt.region.drop_stored(off, whole) }), || ());
     }
 }
 
@@ -729,11 +729,16 @@ unsafe fn resize_by_moving(p: *mut c_void, size: usize) -> Option<*mut c_void> {
     // SAFETY: both blocks are whole pages of the region held by this call alone (the program
     // gave `p` to realloc; `q` is not handed out yet).
     let moved = whole > 0
-        && unsafe {
-            rt.region
-                .move_pages(to + head - base, from + head - base, whole)
-        }
-        .is_ok();
+        && as_zmem(
+            || {
+                unsafe {
+                    rt.region
+                        .move_pages(to + head - base, from + head - base, whole)
+                }
+                .is_ok()
+            },
+            || false,
+        );
     let done = if moved { head + whole } else { head };
     std::ptr::copy_nonoverlapping(
         (from + done) as *const u8,
@@ -896,9 +901,14 @@ unsafe extern "C" fn commit(
                 let off = start as usize - r.as_ptr() as usize;
                 // Only the start of each range is used at once (the rest as the arena fills):
                 // mapping all 28 MiB of each would make hundreds of page-table pages.
-                if r.pin(off, size).is_ok() {
-                    let _ = r.populate(off, size.min(POPULATE_PINNED));
-                }
+                as_zmem(
+                    || {
+                        if r.pin(off, size).is_ok() {
+                            let _ = r.populate(off, size.min(POPULATE_PINNED));
+                        }
+                    },
+                    || (),
+                );
             }
         } else {
             populate(start as usize, size);

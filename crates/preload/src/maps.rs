@@ -31,7 +31,6 @@
 //! the kernel directly: every call below goes through `sys`, never back through these symbols.
 
 use std::ffi::{c_int, c_void};
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 use libc::off_t;
@@ -39,6 +38,7 @@ use zmem_os::{Extents, SpinLock, PAGE_SIZE as PAGE};
 use zmem_runenv::MapStats;
 
 use crate::heap;
+use crate::runtime::as_zmem;
 
 /// The map space `[START, END)`; END is 0 until it is ready (and stays 0 with `--heap-only`).
 static START: AtomicUsize = AtomicUsize::new(0);
@@ -108,24 +108,6 @@ fn errno() -> c_int {
 fn fail<T>(e: c_int, value: T) -> T {
     crate::set_errno(e);
     value
-}
-
-/// Runs `f` as zmem's own code: its allocations go to the internal heap and its memory calls
-/// straight to the kernel. A panic (a zmem bug) must not cross into the program: `fallback`
-/// then does what the kernel alone would.
-///
-/// The asynchronous signals wait meanwhile: this code takes locks the fault handler needs too
-/// (the region's, the internal heap's), and a cgo Go program's signal stacks are in the map
-/// space, so a signal frame written there while such a lock is held would wait for a handler
-/// that waits for the lock (`zmem_os::thread::AsyncSignalsBlocked`): two `rt_sigprocmask`
-/// calls beside the mapping's own system calls, where such frames may land in the region.
-fn as_zmem<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
-    let _signals = crate::runtime::region_span()
-        .and_then(|(start, end)| zmem_os::thread::block_signals_where_frames_may_fault(start, end));
-    let was = heap::set_internal(true);
-    let r = std::panic::catch_unwind(AssertUnwindSafe(f));
-    heap::set_internal(was);
-    r.unwrap_or_else(|_| fallback())
 }
 
 /// The map space, if this call is one zmem serves (not on zmem's own threads, nor mimalloc's

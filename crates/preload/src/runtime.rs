@@ -445,6 +445,25 @@ extern "C" {
 static PEAK_DATA: AtomicU64 = AtomicU64::new(0);
 static PEAK_DRAM: AtomicU64 = AtomicU64::new(0);
 
+/// Runs `f`, zmem's code on a program thread (the map space's calls, the heap's calls into the
+/// region), as zmem's own code: its allocations go to the internal heap and its memory calls
+/// straight to the kernel. A panic (a zmem bug) must not cross into the program: `fallback`
+/// then does what the kernel alone would.
+///
+/// The asynchronous signals wait meanwhile: this code takes locks the fault handler needs too
+/// (the region's, the internal heap's), and a cgo Go program's signal stacks are in the map
+/// space, so a signal frame written there while such a lock is held would wait for a handler
+/// that waits for the lock (`zmem_os::thread::AsyncSignalsBlocked`): two `rt_sigprocmask`
+/// calls beside the mapping's own system calls, where such frames may land in the region.
+pub(crate) fn as_zmem<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
+    let _signals = region_span()
+        .and_then(|(start, end)| zmem_os::thread::block_signals_where_frames_may_fault(start, end));
+    let was = heap::set_internal(true);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    heap::set_internal(was);
+    r.unwrap_or_else(|_| fallback())
+}
+
 fn sample_peak() {
     if let Some(rt) = runtime() {
         let s = ProcessStats::of_region(rt.region.stats());
