@@ -495,16 +495,24 @@ impl Shared {
     }
 
     fn hand_off(&self, s: &Space) -> usize {
-        // No child batch in flight: no page of this child is Staged.
-        let _evicting = self.evict_lock.lock();
-        let pages: Vec<(u32, PageState)> = s
-            .inner
-            .lock()
-            .state
-            .iter_touched()
-            .filter(|(_, st)| matches!(st, Stored | Poisoned))
-            .map(|(i, st)| (i as u32, st))
-            .collect();
+        // A child batch in flight holds `evict_lock`: once we have it, none is (no page of this
+        // child is Staged), and with the link taken no batch starts again. It is not held for
+        // the copies below: they wait (EAGAIN) for the child's pending events, which a handler
+        // reads, and a handler between faults waits for `evict_lock` to evict. A shell that
+        // exec'd while its background subshell was in madvise hung there (CI, session 53).
+        let (link, pages) = {
+            let _evicting = self.evict_lock.lock();
+            let link = s.link.lock().take();
+            let pages: Vec<(u32, PageState)> = s
+                .inner
+                .lock()
+                .state
+                .iter_touched()
+                .filter(|(_, st)| matches!(st, Stored | Poisoned))
+                .map(|(i, st)| (i as u32, st))
+                .collect();
+            (link, pages)
+        };
         let mut page = [0u8; PAGE];
         let mut handed = 0;
         for (i, was) in pages {
@@ -545,10 +553,21 @@ impl Shared {
             }
             let _ = s.uffd.wake(addr, PAGE);
             if mapped.is_err_and(|e| e.code() == libc::ESRCH) {
+                // The child is gone. Its link may be another live process's (see
+                // `pass_on_link`): it goes back for the reaper to place.
+                if let Some(l) = link {
+                    let mut home = s.link.lock();
+                    if home.is_none() {
+                        *home = Some(l);
+                    } else {
+                        drop(home);
+                        self.pass_on_link(l);
+                    }
+                }
                 return handed;
             }
         }
-        if let Some(l) = s.link.lock().take() {
+        if let Some(l) = link {
             send_msg(l.sock, &Request::word(HANDED_OFF, 0));
         }
         handed

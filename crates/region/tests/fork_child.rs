@@ -251,3 +251,81 @@ fn child_drops_and_rewrites(r: &zmem_region::Region, touched: usize) -> i32 {
     }
     0
 }
+
+/// The hand-off (a shell that execs while its background subshell lives on) maps pages into
+/// the child while the child keeps dropping memory: each madvise of a region page leaves an
+/// event on the child's userfaultfd that a handler must read before the next copy goes in.
+/// The hand-off held the eviction lock for all its copies, the handler (evicting for the
+/// parent's own faults) waited for that lock, and the copies waited for the handler: five
+/// seconds per page, for thousands of pages (CI, session 53).
+#[test]
+fn a_hand_off_completes_while_the_child_drops_pages_and_the_parent_faults() {
+    let Some(r) = region(16 * MIB, 2 * MIB) else {
+        return;
+    };
+    let pages = r.len() / PAGE;
+    let scratch = pages - 1; // the page the child keeps dropping; the others hold data
+    fill_all(&r, 3);
+    assert!(r.stats().evictions as usize > pages / 2);
+    // SAFETY: the child only calls madvise, clock_gettime, touches memory and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = child_drops_then_reads(&r, scratch);
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let handed = std::thread::scope(|s| {
+        // The parent's own faults: the handler evicts for them while the hand-off runs.
+        s.spawn(|| {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                check(page_mut(&r, i), i, 3);
+                i = (i + 1) % scratch;
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let region = &r;
+        s.spawn(move || tx.send(region.hand_off_children()));
+        let handed = rx.recv_timeout(std::time::Duration::from_secs(60));
+        if handed.is_err() {
+            // Ends the hand-off (its copies fail once the child is gone), so the scope can end.
+            // SAFETY: killing our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        handed
+    });
+    let handed = handed.expect("the hand-off did not end within 60 s");
+    wait_for_child(pid);
+    assert!(handed > pages / 2, "{handed} pages handed over");
+}
+
+/// In the child: drop page `scratch` again and again for two seconds (each drop waits for the
+/// parent's handler to read its event), then check every other page. No allocation.
+fn child_drops_then_reads(r: &zmem_region::Region, scratch: usize) -> i32 {
+    let now = || {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: writing the time into a local.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+        t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    };
+    let t0 = now();
+    let at = r.as_ptr() as usize + scratch * PAGE;
+    while now() - t0 < 2.0 {
+        // SAFETY: a page of the region in this process, holding nothing we read.
+        if unsafe { libc::madvise(at as *mut libc::c_void, PAGE, libc::MADV_DONTNEED) } != 0 {
+            return 11;
+        }
+    }
+    if (0..scratch).all(|i| matches(page_mut(r, i), i, 3)) {
+        0
+    } else {
+        10
+    }
+}
