@@ -94,18 +94,29 @@ impl ProcId {
     }
 }
 
-/// Children of `pid`'s main thread (from /proc/PID/task/PID/children, or by scanning /proc
-/// where the kernel lacks that file).
+/// Children of `pid`, forked by any of its threads (from /proc/PID/task/*/children, or by
+/// scanning /proc where the kernel lacks those files).
 fn children(pid: i32) -> Vec<i32> {
-    match std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
-        Ok(t) => {
-            return t
-                .split_whitespace()
-                .filter_map(|s| s.parse().ok())
-                .collect()
+    // Each thread lists the children it forked itself: a worker thread's fork is not in the
+    // main thread's list (a hang report once missed the child a worker waited for).
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        let mut v: Vec<i32> = tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|t| {
+                t.split_whitespace()
+                    .filter_map(|s| s.parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect();
+        if !v.is_empty() || Path::new(&format!("/proc/{pid}/task/{pid}/children")).exists() {
+            v.sort_unstable();
+            v.dedup();
+            return v;
         }
-        Err(_) if !Path::new(&format!("/proc/{pid}/task/{pid}")).exists() => return Vec::new(),
-        Err(_) => {}
+    }
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return Vec::new();
     }
     let mut v = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {

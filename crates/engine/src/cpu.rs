@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
+use zmem_os::sync::Mutex;
 
 use crate::{compress_on_cpu, Completion, Counters, EngineError, Job, Sink};
 

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use zmem_codec::{Codec, CodecError, CodecId, Dictionary, Encoded};
+use zmem_os::sync::Mutex;
 
 pub use backend::{Backend, BackendError, Rejected, SharedBackend};
 pub use cpu::CpuBackend;

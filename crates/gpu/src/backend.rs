@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::{Condvar, Mutex};
 use zmem_engine::{Backend, BackendError, Completion, EngineError, Job, Rejected, Sink};
+use zmem_os::sync::{Condvar, Mutex};
 
 use crate::device::Device;
 use crate::{GpuCodec, GpuConfig, GpuError};

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use zmem_os::sync::RwLock;
 
 use crate::cuda::{CuContext, CuDevice, CuDevicePtr, CuStream, DeviceInfo, Driver};
 use crate::device::{batch_bytes, Device, Transfer, ALIGN};

@@ -14,6 +14,7 @@ pub mod idle;
 pub mod mapping;
 pub mod remote;
 pub mod spin;
+pub mod sync;
 pub mod thread;
 
 pub use errno::Errno;

@@ -6,6 +6,7 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering, Ordering::Relaxed};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 static START_HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -80,13 +81,10 @@ where
 }
 
 /// Spawns a named zmem thread in a process just forked (the fork's child hook), running the
-/// start hook but not [`prepare_this_thread`]: the lock library's shared table of waiting
-/// threads was copied with whatever lock a parent thread held in it at the fork (a thread
-/// parking on or waking a contended lock), and that thread does not exist here. Making the
-/// new thread's record there locks every bucket when the table grows: both `zmem-child`
-/// threads of a forked test child waited in `grow_hashtable` forever (found beside a test whose
-/// four threads contend on a region's locks). `f` must never wait on a contended
-/// `parking_lot` lock.
+/// start hook but not [`prepare_this_thread`] (its thread-locals are made when first used).
+/// Written when zmem's locks were parking_lot's, whose table of waiting threads a fork copied
+/// with whatever bucket lock a parent thread held (both `zmem-child` threads of a forked test
+/// child waited in `grow_hashtable` forever); [`crate::sync`]'s locks share no table.
 pub fn spawn_in_forked_child<F, T>(name: String, f: F) -> io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -105,13 +103,45 @@ where
     // The new thread inherits the mask in force here: it starts with every asynchronous signal
     // blocked, with no window before it could block them itself.
     let _blocked = AsyncSignalsBlocked::new();
-    builder.stack_size(STACK_SIZE).spawn(move || {
+    let started =
+        std::sync::Arc::new((crate::sync::Mutex::new(false), crate::sync::Condvar::new()));
+    let tell = started.clone();
+    let handle = builder.stack_size(STACK_SIZE).spawn(move || {
         run_start_hook();
         if prepare {
             prepare_this_thread();
         }
+        *tell.0.lock() = true;
+        tell.1.notify_all();
+        drop(tell);
         f()
-    })
+    })?;
+    if prepare {
+        wait_started(&started);
+    }
+    Ok(handle)
+}
+
+/// How long [`spawn`] waits for its thread to be through its start.
+const START_WAIT: Duration = Duration::from_millis(500);
+
+/// Waits (up to [`START_WAIT`]) until a thread [`spawn`] made is through std's start and
+/// [`prepare_this_thread`]: both register thread-local destructors, which takes the dynamic
+/// loader's lock. A program thread in `dlopen` holds that lock, and may wait for a fork in
+/// progress (an allocation: a fork holds zmem's allocator locks); the fork waits for a fault
+/// handler to read its FORK event. A handler still starting then waited for good (session 54:
+/// `main_thread_exits`, the main thread's `pthread_exit` loading libgcc_s while a worker
+/// forked right after zmem's lazy start, ~1 run in 200). Bounded: a thread made while the
+/// caller itself holds the loader's lock (zmem started from a library's constructor) starts
+/// once the caller lets it go.
+fn wait_started(started: &(crate::sync::Mutex<bool>, crate::sync::Condvar)) {
+    let end = std::time::Instant::now() + START_WAIT;
+    let mut g = started.0.lock();
+    while !*g {
+        if started.1.wait_until(&mut g, end).timed_out() {
+            return;
+        }
+    }
 }
 
 /// Functions that make a crate's per-thread state on the calling thread, run by
@@ -133,29 +163,15 @@ pub fn add_thread_preparer(f: fn()) {
 }
 
 /// Makes now, on the calling thread, every per-thread record zmem's code may need on it later:
-/// the lock library's record (made at a thread's first wait on a contended lock) and each
-/// crate's thread-locals ([`add_thread_preparer`]). Making one registers a thread-local
+/// each crate's thread-locals ([`add_thread_preparer`]). Making one registers a thread-local
 /// destructor, for which glibc allocates with the process's `calloc`; in a program that brings
 /// its own allocator (rustc exports jemalloc from its executable) that is the program's, and
 /// zmem code that first made one at a bad moment (an interposed `munmap` on a program thread
 /// that held the allocator's lock, a fault handler, a zmem thread while a thread waiting for
 /// it held that lock) waited forever (docs/DESIGN-NOTES.md, "rustc"). Run by [`spawn`] for
-/// zmem's threads and by the preload for the program's threads as they start.
+/// zmem's threads and by the preload for the program's threads as they start. (zmem's locks,
+/// [`crate::sync`], keep no per-thread record.)
 pub fn prepare_this_thread() {
-    // A wait that `validate` refuses at once: parking_lot makes the thread's record first.
-    static KEY: u8 = 0;
-    // SAFETY: `validate` returns false, so the thread never parks and no other callback runs;
-    // the key is a private static no one else parks on.
-    unsafe {
-        parking_lot_core::park(
-            &KEY as *const u8 as usize,
-            || false,
-            || {},
-            |_, _| {},
-            parking_lot_core::DEFAULT_PARK_TOKEN,
-            None,
-        );
-    }
     for slot in &PREPARERS {
         let p = slot.load(Ordering::Acquire);
         if p.is_null() {
@@ -485,6 +501,29 @@ fn task_stat(tid: libc::pid_t) -> Option<(Vec<u8>, u8)> {
 
 #[cfg(test)]
 mod tests {
+    /// Names of the threads the test preparer below ran on.
+    static PREPARED: crate::sync::Mutex<Vec<String>> = crate::sync::Mutex::new(Vec::new());
+
+    fn record_prepared() {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        // Slow on purpose: `spawn` must wait for it.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        PREPARED.lock().push(name);
+    }
+
+    #[test]
+    fn spawn_returns_once_the_thread_is_prepared() {
+        super::add_thread_preparer(record_prepared);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = super::spawn("zmem-start-test".into(), move || rx.recv().is_err()).unwrap();
+        assert!(
+            PREPARED.lock().iter().any(|n| n == "zmem-start-test"),
+            "spawn returned before the new thread ran its preparers"
+        );
+        drop(tx);
+        assert!(t.join().unwrap());
+    }
+
     /// Whether SIGUSR1 is blocked on the calling thread now.
     fn usr1_blocked() -> bool {
         // SAFETY: reads the calling thread's mask into a local set.

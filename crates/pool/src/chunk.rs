@@ -9,7 +9,7 @@
 
 use std::ptr::NonNull;
 
-use parking_lot::Mutex;
+use zmem_os::sync::Mutex;
 
 use crate::{PoolError, PAGE_SIZE};
 

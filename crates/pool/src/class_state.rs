@@ -6,7 +6,7 @@
 
 use std::sync::atomic::AtomicU64;
 
-use parking_lot::RwLock;
+use zmem_os::sync::RwLock;
 
 use crate::chunk::{RawPtr, Run};
 use crate::handle::{entry_gen, entry_loc, free_entry, next_gen, Loc, E_LIVE, E_SPAN_BITS};

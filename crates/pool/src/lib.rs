@@ -30,7 +30,7 @@
 //!   table, and 12 generation bits. The 8-byte table entry holds span id, slot, the difference
 //!   between slot size and exact length, and the same generation, so a stale, double-freed or
 //!   forged handle is detected and answered with [`PoolError::InvalidHandle`]. Everything about
-//!   an object lives under its class's lock (a `parking_lot::RwLock`; readers share it), so
+//!   an object lives under its class's lock (a `zmem_os::sync::RwLock`; readers share it), so
 //!   different classes never contend. Per object the pool keeps 12 bytes of metadata (8-byte
 //!   handle entry + 4-byte reverse-map entry).
 //! * **Compaction** ([`Pool::compact`]) works class by class: while the free slots of the class's
@@ -66,7 +66,7 @@ use std::sync::atomic::{
     Ordering::{AcqRel, Acquire, Relaxed},
 };
 
-use parking_lot::RwLock;
+use zmem_os::sync::RwLock;
 
 use chunk::{ChunkAlloc, Run};
 use class::{ClassInfo, ClassTable, CLASS_STEP, MAX_OBJECT_SIZE_LIMIT, MAX_SPAN_PAGES_LIMIT};

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use parking_lot::RwLock;
+use zmem_os::sync::RwLock;
 
 use crate::chunk::Run;
 use crate::class_state::NIL;

@@ -450,14 +450,17 @@ static PEAK_DRAM: AtomicU64 = AtomicU64::new(0);
 /// straight to the kernel. A panic (a zmem bug) must not cross into the program: `fallback`
 /// then does what the kernel alone would.
 ///
-/// The asynchronous signals wait meanwhile: this code takes locks the fault handler needs too
-/// (the region's, the internal heap's), and a cgo Go program's signal stacks are in the map
-/// space, so a signal frame written there while such a lock is held would wait for a handler
-/// that waits for the lock (`zmem_os::thread::AsyncSignalsBlocked`): two `rt_sigprocmask`
-/// calls beside the mapping's own system calls, where such frames may land in the region.
+/// The asynchronous signals wait meanwhile (`zmem_os::thread::AsyncSignalsBlocked`, two
+/// `rt_sigprocmask` calls, ~1.2 µs, beside calls that map, clear or move 64 KiB or more). The
+/// program's handler must not run inside this code: its malloc would go to the internal heap,
+/// glibc's, whose arena lock the interrupted code may hold (CI, session 54: a SIGALRM handler's
+/// malloc inside `Region::populate`'s growth of a queue, the thread waiting on itself for
+/// good), and its touch of an evicted page would wait for a handler that needs the region's
+/// lock this code holds (a signal frame alone does where signal stacks are in the region: a
+/// cgo Go program's). Not for code that starts a thread or a process: they would inherit the
+/// mask.
 pub(crate) fn as_zmem<T>(f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
-    let _signals = region_span()
-        .and_then(|(start, end)| zmem_os::thread::block_signals_where_frames_may_fault(start, end));
+    let _signals = zmem_os::thread::AsyncSignalsBlocked::new();
     let was = heap::set_internal(true);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     heap::set_internal(was);

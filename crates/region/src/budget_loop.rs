@@ -22,7 +22,7 @@ pub(crate) struct Signals {
 }
 
 /// The adaptive budget's decisions: (seconds since the region was created, decision).
-pub(crate) type History = std::sync::Arc<parking_lot::Mutex<Vec<(f64, Decision)>>>;
+pub(crate) type History = std::sync::Arc<zmem_os::sync::Mutex<Vec<(f64, Decision)>>>;
 
 pub(crate) struct BudgetLoop {
     controller: Controller,

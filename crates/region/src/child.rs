@@ -868,7 +868,7 @@ fn recv_msg<T: Copy>(fd: RawFd) -> Result<T, Errno> {
 
 /// Makes a new socket pair in `pair` (both ends moved high and protected), closing any left
 /// from a fork that did not happen.
-fn new_pair(pair: &parking_lot::Mutex<(Option<OwnedFd>, Option<OwnedFd>)>) {
+fn new_pair(pair: &zmem_os::sync::Mutex<(Option<OwnedFd>, Option<OwnedFd>)>) {
     let made = fds::seqpacket_pair().ok();
     let mut link = pair.lock();
     for old in [link.0.take(), link.1.take()].into_iter().flatten() {

@@ -28,7 +28,7 @@
 
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use zmem_os::sync::Mutex;
 
 /// Consecutive faults from one thread before it is pinned.
 const STREAK: u32 = 256;

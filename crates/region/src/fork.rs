@@ -11,8 +11,8 @@ use std::sync::atomic::{
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use std::sync::Weak;
+use zmem_os::sync::Mutex;
 use zmem_os::SpinLock;
 
 use crate::config::PAGE;

@@ -59,7 +59,7 @@ pub(crate) struct FaultLink {
     /// Every process of the family closed its end (exec'd or exited): no longer polled.
     closed: AtomicBool,
     /// Other processes of the family whose space is known (see [`FaultLink::bind`]).
-    bound: parking_lot::Mutex<Vec<Bound>>,
+    bound: zmem_os::sync::Mutex<Vec<Bound>>,
     /// The page the owner asked for last (see [`FaultLink::owner_asks_again`]).
     owner_last: AtomicU64,
 }
@@ -85,7 +85,7 @@ impl FaultLink {
             sock: std::os::fd::IntoRawFd::into_raw_fd(sock),
             owner: AtomicI32::new(0),
             closed: AtomicBool::new(false),
-            bound: parking_lot::Mutex::new(Vec::new()),
+            bound: zmem_os::sync::Mutex::new(Vec::new()),
             owner_last: AtomicU64::new(0),
         }
     }

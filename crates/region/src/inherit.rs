@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
-use parking_lot::{Mutex, RwLock};
+use zmem_os::sync::{Mutex, RwLock};
 use zmem_store::{StoreCore, StoreError, StoreStats};
 
 use crate::backing::BackingStore;

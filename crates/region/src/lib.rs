@@ -45,8 +45,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use parking_lot::{Condvar, Mutex};
 use zmem_engine::Policy;
+use zmem_os::sync::{Condvar, Mutex};
 use zmem_os::{Mapping, MappingFlags};
 use zmem_store::{PageStore, StoreConfig};
 
@@ -323,7 +323,7 @@ impl Region {
             enomem_streak: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
             park_lock: Mutex::new(()),
-            park_wake: parking_lot::Condvar::new(),
+            park_wake: zmem_os::sync::Condvar::new(),
             workers: cfg.handler_threads + 1,
             naps: crate::fork::Naps::new(cfg.handler_threads + 1),
             gate_fd,

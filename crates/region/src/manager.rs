@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use parking_lot::{Condvar, Mutex};
+use zmem_os::sync::{Condvar, Mutex};
 
 use crate::backing::{BackingStore, StoreFactory};
 use crate::config::PAGE;
@@ -367,21 +367,16 @@ pub(crate) fn burials_due() -> bool {
 }
 
 /// Stores of dead children, waiting to be dropped off the handlers ([`bury_dead_stores`]).
-static GRAVEYARD: parking_lot::Mutex<Vec<Box<dyn BackingStore>>> =
-    parking_lot::Mutex::new(Vec::new());
+/// A flag lock: a forked child releases it whoever held it (`SpinLock::reset`).
+static GRAVEYARD: zmem_os::spin::SpinLock<Vec<Box<dyn BackingStore>>> =
+    zmem_os::spin::SpinLock::new(Vec::new());
 
 /// In a forked child: the parent's dead stores are not ours to drop (their threads are not
 /// here; joining them would wait forever if this process later made a region of its own). A
 /// lock left held by a thread of the parent has no owner here.
 pub(crate) fn forget_dead_stores_in_child() {
-    let mut g = match GRAVEYARD.try_lock() {
-        Some(g) => g,
-        None => {
-            // SAFETY: no thread of this process holds it: its holder was not forked.
-            unsafe { GRAVEYARD.force_unlock() };
-            GRAVEYARD.lock()
-        }
-    };
+    GRAVEYARD.reset();
+    let mut g = GRAVEYARD.lock();
     std::mem::forget(std::mem::take(&mut *g));
 }
 
@@ -611,7 +606,7 @@ pub(crate) struct Shared {
     /// park wakes the forking thread through `park_wake` (see `Shared::park_for_fork`).
     pub parked: AtomicUsize,
     pub park_lock: Mutex<()>,
-    pub park_wake: parking_lot::Condvar,
+    pub park_wake: zmem_os::sync::Condvar,
     pub workers: usize,
     /// Which of them sleep in their idle wait (handlers by number, then the evictor): a fork
     /// parks those without waking them.

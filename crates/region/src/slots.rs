@@ -13,7 +13,7 @@
 //! the TLB of every CPU running the process (an IPI, a VM exit here): 27 µs per fault against
 //! 12 µs for `UFFDIO_COPY` into a new page.
 
-use parking_lot::Mutex;
+use zmem_os::sync::Mutex;
 
 use crate::config::PAGE;
 use crate::manager::STAGING_SLOTS;

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Once, OnceLock, Weak};
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use zmem_os::sync::Mutex;
 
 use crate::config::PAGE;
 use crate::manager::Shared;
@@ -271,13 +271,12 @@ fn crash_report(addr: usize, regs: &[(&str, usize)]) -> String {
                 continue;
             }
             seen.push((s.base, page));
-            // The crashing thread may hold the lock (it crashed inside zmem): read anyway, it
-            // is a report.
-            let guard = s.inner.try_lock_for(std::time::Duration::from_millis(200));
-            // SAFETY: read-only, for a report; racy only if a zmem thread changes it now.
-            let inner = match &guard {
-                Some(g) => &**g,
-                None => unsafe { &*s.inner.data_ptr() },
+            // The crashing thread may hold the lock (it crashed inside zmem): said, not waited.
+            let Some(inner) = s.inner.try_lock_for(std::time::Duration::from_millis(200)) else {
+                out += &format!(
+                    "  {name} = {value:#x}: page {page} (the region's lock is held: no state)\n"
+                );
+                continue;
             };
             let st = inner.state.get(page);
             // Whether the page is mapped, asked of the kernel (a read of a missing page would
@@ -292,13 +291,8 @@ fn crash_report(addr: usize, regs: &[(&str, usize)]) -> String {
             } else {
                 ", not mapped".to_string()
             };
-            let unlocked = if guard.is_none() {
-                " (read unlocked)"
-            } else {
-                ""
-            };
             out += &format!(
-                "  {name} = {value:#x}: page {page} at {:#x}, now {st:?}{content}{unlocked}\n",
+                "  {name} = {value:#x}: page {page} at {:#x}, now {st:?}{content}\n",
                 s.page_addr(page),
             );
             match inner.state.history() {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use zmem_os::sync::Mutex;
 use zmem_region::{BackingStore, Budget, Region, RegionConfig, StoreFactory, PAGE};
 use zmem_store::{StoreError, StoreStats};
 

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use parking_lot::Mutex;
 use zmem_codec::{CodecId, PAGE_SIZE};
+use zmem_os::sync::Mutex;
 
 use crate::slot::{State, BLOCK, IDLE, OBJECT};
 use crate::{BlockMeta, Inner, StoreCore, BLOCK_SHARDS, GROUP, MAX_BLOCK_PAGES, SCRATCH};

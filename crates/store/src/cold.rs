@@ -18,8 +18,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
-use parking_lot::Mutex;
 use zmem_codec::{Codec, CodecId, PAGE_SIZE};
+use zmem_os::sync::Mutex;
 
 use crate::slot::{State, BLOCK, HUGE, LATER, OBJECT};
 use crate::{StoreCore, GROUP, MAX_BLOCK_PAGES};

@@ -28,8 +28,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
-use parking_lot::Mutex;
 use zmem_codec::{Codec, PAGE_SIZE};
+use zmem_os::sync::Mutex;
 
 use crate::slot::{HUGE, LATER, OBJECT};
 use crate::StoreCore;

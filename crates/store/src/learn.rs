@@ -23,8 +23,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
 use zmem_codec::{Dictionary, PAGE_SIZE};
+use zmem_os::sync::Mutex;
 
 /// Pages a round learns from (1 MiB): every `SAMPLE_EVERY`th of its first pages written.
 const SAMPLE_PAGES: u64 = 256;

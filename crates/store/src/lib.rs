@@ -36,9 +36,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use parking_lot::Mutex;
 use zmem_codec::{Dictionary, PAGE_SIZE};
 use zmem_engine::{Engine, Policy};
+use zmem_os::sync::Mutex;
 use zmem_pool::{Handle, Pool, PoolConfig};
 
 pub use cold::{ColdPressure, COLD_AFTER_MAX_MS, COLD_AFTER_MS};

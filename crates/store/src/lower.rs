@@ -30,7 +30,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use zmem_os::sync::{Condvar, Mutex};
 use zmem_pool::Handle;
 use zmem_tier::{Location, Log, Owner, OwnerId, TierError};
 

@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use zmem_os::sync::{Condvar, Mutex};
 
 use crate::log::{Log, Obj, State};
 use crate::seal::Binding;

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
-use parking_lot::{Mutex, RwLock};
+use zmem_os::sync::{Mutex, RwLock};
 
 use crate::gc::GcShared;
 use crate::io::{AlignedBuf, SegmentIo};

@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use zmem_os::sync::Mutex;
 use zmem_os::Errno;
 
 use crate::io::{transfer, SegmentIo};

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 
 use io_uring::{opcode, types, IoUring};
-use parking_lot::Mutex;
+use zmem_os::sync::Mutex;
 use zmem_os::Errno;
 
 use crate::io::{counted, transfer};

@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
+use zmem_os::sync::Mutex;
 use zmem_tier::{Location, Log, LogConfig, MemIo, Owner, OwnerId, SegmentIo};
 
 pub const SEG: usize = 64 << 10;
