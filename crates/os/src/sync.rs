@@ -36,7 +36,21 @@ impl<T> Mutex<T> {
 }
 
 impl<T: ?Sized> Mutex<T> {
+    /// Tries a few times, spinning then yielding the CPU, before it sleeps in the kernel, as
+    /// parking_lot did: on two CPUs the holder often waits for the CPU its waiter spins on.
+    /// With std's short spin alone, two threads faulting on a region had an access p99 of
+    /// 837-870 µs against parking_lot's 582-727 (`bench region --threads 2`, session 54).
     pub fn lock(&self) -> MutexGuard<'_, T> {
+        for i in 0..10u32 {
+            if let Some(g) = self.try_lock() {
+                return g;
+            }
+            if i < 3 {
+                (0..2u32 << i).for_each(|_| std::hint::spin_loop());
+            } else {
+                std::thread::yield_now();
+            }
+        }
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

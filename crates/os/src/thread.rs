@@ -678,7 +678,13 @@ mod tests {
         drop((stop_p, stop_z));
         tp.join().unwrap();
         tz.join().unwrap();
-        // Joined: its task is gone.
+        // Joined: its task is gone, once the kernel is through its exit (join returns when
+        // the thread's tid word is cleared, a moment before; seen under load beside the other
+        // tests' threads).
+        let t0 = std::time::Instant::now();
+        while super::task_stat(program).is_some() && t0.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert!(!super::runs_program_code(program));
         assert_eq!(super::task_stat(program), None);
     }
