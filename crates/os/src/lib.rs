@@ -46,6 +46,20 @@ pub fn clock_ms(clock: libc::clockid_t) -> u64 {
     t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
 }
 
+/// Helpers the unit tests of several modules share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    /// Runs `add` `per_thread` times on each of `threads` threads at once and waits for them:
+    /// a lock under test then holds `threads * per_thread` if it lost no update.
+    pub fn add_from_threads(threads: usize, per_thread: usize, add: impl Fn() + Send + Sync) {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| (0..per_thread).for_each(|_| add()));
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -86,20 +86,8 @@ mod tests {
 
     #[test]
     fn threads_add_under_the_lock_without_losing_an_update() {
-        let l = Arc::new(SpinLock::new(0u64));
-        let hs: Vec<_> = (0..4)
-            .map(|_| {
-                let l = l.clone();
-                std::thread::spawn(move || {
-                    for _ in 0..10_000 {
-                        *l.lock() += 1;
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap();
-        }
+        let l = SpinLock::new(0u64);
+        crate::test_support::add_from_threads(4, 10_000, || *l.lock() += 1);
         assert_eq!(*l.lock(), 40_000);
     }
 

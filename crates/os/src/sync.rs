@@ -208,18 +208,8 @@ mod tests {
 
     #[test]
     fn a_lock_excludes_and_counts_under_threads() {
-        let m = Arc::new(Mutex::new(0u64));
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let m = m.clone();
-                std::thread::spawn(move || {
-                    for _ in 0..10_000 {
-                        *m.lock() += 1;
-                    }
-                })
-            })
-            .collect();
-        threads.into_iter().for_each(|t| t.join().unwrap());
+        let m = Mutex::new(0u64);
+        crate::test_support::add_from_threads(4, 10_000, || *m.lock() += 1);
         assert_eq!(*m.lock(), 40_000);
     }
 
